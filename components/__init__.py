@@ -1,0 +1,1 @@
+"""tritonship steps: plain, KFP-free functions that export, compile, publish, stage, gate and promote."""

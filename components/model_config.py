@@ -1,0 +1,150 @@
+"""Triton model configuration (config.pbtxt) built from a signature, parsed and written with Triton's
+own protobuf definitions (tritonclient ships model_config_pb2), so what we write is what Triton reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from components.errors import TritonshipError
+from components.signature import DTYPES, Signature
+
+ModelConfig = mc.ModelConfig
+Flavour = Literal["libtorch", "python"]
+FLAVOURS: tuple[str, ...] = ("libtorch", "python")
+
+
+class ModelConfigError(TritonshipError):
+    """A config.pbtxt that cannot be parsed or does not match the model's signature."""
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """The knobs of config.pbtxt that change speed, not results (tuned by the tuning step)."""
+
+    max_batch_size: int | None = None  # None: the signature's
+    dynamic_batching: bool = True
+    max_queue_delay_us: int = 0
+    preferred_batch_sizes: tuple[int, ...] = ()
+    instance_count: int = 1
+
+
+def build(
+    name: str,
+    signature: Signature,
+    flavour: Flavour,
+    gpu: bool = False,
+    settings: ServingSettings | None = None,
+) -> ModelConfig:
+    """The config.pbtxt for a compiled model: inputs/outputs in the signature's order.
+
+    Triton's PyTorch backend binds tensors whose names follow neither its INPUT__<i> convention nor
+    the forward() argument names by position, so the signature's order must be forward()'s order
+    (the export step checks that by running the model).
+    """
+    settings = settings or ServingSettings()
+    config = mc.ModelConfig(name=name)
+    if flavour == "libtorch":
+        config.platform = "pytorch_libtorch"
+    elif flavour == "python":
+        config.backend = "python"
+    else:
+        raise ModelConfigError(f"unknown serving flavour {flavour!r}; use one of {', '.join(FLAVOURS)}.")
+    batched = signature.batch
+    config.max_batch_size = (settings.max_batch_size or signature.max_batch_size) if batched else 0
+    for specs, field in ((signature.inputs, config.input), (signature.outputs, config.output)):
+        for spec in specs:
+            tensor = field.add(name=spec.name, data_type=mc.DataType.Value(spec.triton_type))
+            tensor.dims.extend(spec.shape[1:] if batched else spec.shape)
+    if batched and settings.dynamic_batching:
+        config.dynamic_batching.max_queue_delay_microseconds = settings.max_queue_delay_us
+        config.dynamic_batching.preferred_batch_size.extend(settings.preferred_batch_sizes)
+    kind = mc.ModelInstanceGroup.KIND_GPU if gpu else mc.ModelInstanceGroup.KIND_CPU
+    config.instance_group.add(kind=kind, count=settings.instance_count)
+    return config
+
+
+def pin_version(config: ModelConfig, version: int) -> ModelConfig:
+    """A copy of `config` whose version_policy serves exactly `version` (the promoted one)."""
+    pinned = mc.ModelConfig()
+    pinned.CopyFrom(config)
+    pinned.version_policy.Clear()
+    pinned.version_policy.specific.versions.append(version)
+    return pinned
+
+
+def renamed(config: ModelConfig, name: str) -> ModelConfig:
+    copy = mc.ModelConfig()
+    copy.CopyFrom(config)
+    copy.name = name
+    return copy
+
+
+def settings_of(config: ModelConfig) -> ServingSettings:
+    return ServingSettings(
+        max_batch_size=config.max_batch_size or None,
+        dynamic_batching=config.HasField("dynamic_batching"),
+        max_queue_delay_us=config.dynamic_batching.max_queue_delay_microseconds,
+        preferred_batch_sizes=tuple(config.dynamic_batching.preferred_batch_size),
+        instance_count=config.instance_group[0].count if config.instance_group else 1,
+    )
+
+
+def with_settings(config: ModelConfig, settings: ServingSettings) -> ModelConfig:
+    copy = mc.ModelConfig()
+    copy.CopyFrom(config)
+    if settings.max_batch_size is not None and copy.max_batch_size > 0:
+        copy.max_batch_size = settings.max_batch_size
+    copy.ClearField("dynamic_batching")
+    if settings.dynamic_batching and copy.max_batch_size > 0:
+        copy.dynamic_batching.max_queue_delay_microseconds = settings.max_queue_delay_us
+        copy.dynamic_batching.preferred_batch_size.extend(settings.preferred_batch_sizes)
+    for group in copy.instance_group:
+        group.count = settings.instance_count
+    return copy
+
+
+def to_pbtxt(config: ModelConfig) -> str:
+    return text_format.MessageToString(config)
+
+
+def parse_pbtxt(text: str, source: str = "config.pbtxt") -> ModelConfig:
+    try:
+        return text_format.Parse(text, mc.ModelConfig())
+    except text_format.ParseError as exc:
+        raise ModelConfigError(f"{source} is not a valid Triton model configuration: {exc}.") from None
+
+
+def to_json(config: ModelConfig) -> str:
+    """The JSON form that Triton's load API takes as the `config` parameter."""
+    return json_format.MessageToJson(config, preserving_proto_field_name=True, indent=None)
+
+
+def check_against(config: ModelConfig, signature: Signature, source: str = "config.pbtxt") -> None:
+    """Raise if the config's tensors are not the signature's (names, types, dims, batching)."""
+    batched = signature.batch
+    if (config.max_batch_size > 0) != batched:
+        raise ModelConfigError(
+            f"{source}: max_batch_size is {config.max_batch_size} but the signature says batch: {str(batched).lower()}."
+        )
+    for kind, specs, tensors in (
+        ("input", signature.inputs, config.input),
+        ("output", signature.outputs, config.output),
+    ):
+        got = [t.name for t in tensors]
+        want = [s.name for s in specs]
+        if got != want:
+            raise ModelConfigError(f"{source}: {kind}s are {got}, the signature says {want}.")
+        for spec, tensor in zip(specs, tensors, strict=True):
+            dims = list(spec.shape[1:] if batched else spec.shape)
+            if list(tensor.dims) != dims:
+                raise ModelConfigError(
+                    f"{source}: {kind} '{spec.name}' dims are {list(tensor.dims)}, the signature says {dims}."
+                )
+            if mc.DataType.Name(tensor.data_type) != DTYPES[spec.dtype][2]:
+                raise ModelConfigError(
+                    f"{source}: {kind} '{spec.name}' is {mc.DataType.Name(tensor.data_type)}, the signature says {spec.dtype}."
+                )

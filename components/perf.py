@@ -1,0 +1,188 @@
+"""Running perf_analyzer and reading what it measured.
+
+perf_analyzer's exit code alone never means "fast enough" (DESIGN.md section 5): 0 success (also a
+sweep cut short by --latency-threshold), 2 unstable measurement, 3 no valid requests, 99 server
+unreachable or usage error. A run is usable only with exit 0 and a CSV row for every load asked for.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from components import log
+from components.tools import find_perf_analyzer
+
+LOG = log.get("perf")
+
+EXIT_REASONS = {
+    0: "success",
+    1: "generic failure",
+    2: "the measurement did not stabilise within the allowed trials",
+    3: "no valid requests were completed",
+    99: "the server was unreachable or the arguments were rejected",
+}
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    """One row of perf_analyzer's CSV: a load level and what it achieved. Latencies in microseconds."""
+
+    concurrency: float
+    throughput: float
+    p50_us: float
+    p90_us: float
+    p95_us: float
+    p99_us: float
+    server_queue_us: float
+    server_compute_us: float
+
+
+@dataclass
+class PerfRun:
+    """One perf_analyzer invocation."""
+
+    model: str
+    version: str
+    exit_code: int
+    points: list[LoadPoint] = field(default_factory=list)
+    csv_text: str = ""
+    stderr_tail: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and bool(self.points)
+
+    @property
+    def reason(self) -> str:
+        if self.exit_code == 0 and not self.points:
+            return "perf_analyzer exited 0 but wrote no measurement"
+        return EXIT_REASONS.get(self.exit_code, f"perf_analyzer exited {self.exit_code}")
+
+    def to_dict(self) -> dict[str, object]:
+        return {**asdict(self), "ok": self.ok, "reason": self.reason}
+
+
+def write_input_data(samples: Mapping[str, np.ndarray], path: Path, batched: bool, limit: int = 64) -> Path:
+    """perf_analyzer's --input-data JSON from real samples: one entry per sample (batch dimension dropped)."""
+    count = min(len(next(iter(samples.values()))), limit)
+    entries = []
+    for i in range(count):
+        entry = {}
+        for name, array in samples.items():
+            value = array[i] if batched else array
+            entry[name] = {"content": value.reshape(-1).tolist(), "shape": list(value.shape)}
+        entries.append(entry)
+        if not batched:
+            break
+    path.write_text(json.dumps({"data": entries}))
+    return path
+
+
+def parse_csv(text: str) -> list[LoadPoint]:
+    """perf_analyzer's `-f` CSV: one row per load level."""
+    rows = list(csv.DictReader(io.StringIO(text)))
+    points = []
+    for row in rows:
+        load = row.get("Concurrency") or row.get("Request Rate")
+        if not load:
+            continue
+        points.append(
+            LoadPoint(
+                concurrency=float(load),
+                throughput=float(row["Inferences/Second"]),
+                p50_us=float(row["p50 latency"]),
+                p90_us=float(row["p90 latency"]),
+                p95_us=float(row["p95 latency"]),
+                p99_us=float(row["p99 latency"]),
+                server_queue_us=float(row.get("Server Queue", 0) or 0),
+                server_compute_us=float(row.get("Server Compute Infer", 0) or 0),
+            )
+        )
+    return points
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """How perf_analyzer loads the server."""
+
+    concurrency: int = 1
+    request_rate: float | None = None  # if set, a fixed request rate instead of concurrency
+    window_ms: int = 2000
+    stability_pct: float = 10.0
+    max_trials: int = 10
+    percentile: int | None = None  # stabilise on this latency percentile; None: on average latency
+    batch_size: int = 1
+    protocol: str = "http"
+
+
+def measure(
+    url: str,
+    model: str,
+    input_data: Path,
+    load: LoadSettings,
+    version: str = "",
+    timeout: float = 300.0,
+) -> PerfRun:
+    """Run perf_analyzer once against `model` on the server at `url` (host:port)."""
+    tool = find_perf_analyzer()
+    with tempfile.TemporaryDirectory(prefix="tritonship-perf-") as tmp:
+        csv_path = Path(tmp) / "perf.csv"
+        args = [
+            "-m", model,
+            "-u", url,
+            "-i", load.protocol,
+            "-b", str(load.batch_size),
+            "--input-data", str(input_data),
+            "-p", str(load.window_ms),
+            "-s", str(load.stability_pct),
+            "-r", str(load.max_trials),
+            "-f", str(csv_path),
+            "--measurement-mode", "time_windows",
+        ]  # fmt: skip
+        if version:
+            args += ["-x", version]
+        if load.percentile:
+            args += ["--percentile", str(load.percentile)]
+        if load.request_rate:
+            args += ["--request-rate-range", str(load.request_rate)]
+        else:
+            args += ["--concurrency-range", str(load.concurrency)]
+        started = time.monotonic()
+        try:
+            proc = tool.run(args, timeout=timeout)
+            exit_code, stderr = proc.returncode, (proc.stdout + proc.stderr)
+        except subprocess.TimeoutExpired:
+            exit_code, stderr = -1, f"perf_analyzer did not finish within {timeout:.0f} s"
+        seconds = time.monotonic() - started
+        csv_text = csv_path.read_text() if csv_path.exists() else ""
+    run = PerfRun(
+        model=model,
+        version=version,
+        exit_code=exit_code,
+        points=parse_csv(csv_text) if csv_text else [],
+        csv_text=csv_text,
+        stderr_tail="\n".join(stderr.strip().splitlines()[-15:]),
+        seconds=seconds,
+    )
+    log.event(
+        LOG,
+        "perf_analyzer",
+        model=model,
+        version=version or "latest",
+        exit=exit_code,
+        seconds=f"{seconds:.1f}",
+        throughput=run.points[0].throughput if run.points else None,
+        p99_us=run.points[0].p99_us if run.points else None,
+    )
+    return run

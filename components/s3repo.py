@@ -1,0 +1,62 @@
+"""S3 access shared by the steps: settings, clients with retries, and the Triton form of a repository URI."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import boto3
+from botocore.config import Config
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """Where S3 is and who we are there.
+
+    Credentials left empty come from boto3's standard chain (environment, profile, IRSA web
+    identity, instance metadata). The secret never appears in repr() or logs.
+    """
+
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+    access_key_id: str | None = field(default=None, repr=False)
+    secret_access_key: str | None = field(default=None, repr=False)
+    max_attempts: int = 5
+
+    @classmethod
+    def from_env(cls) -> S3Settings:
+        return cls(
+            endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None,
+            region=os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1",
+        )
+
+    def client(self):  # -> S3Client (boto3 stubs are not a dependency)
+        config = Config(
+            region_name=self.region,
+            retries={"mode": "standard", "max_attempts": self.max_attempts},
+            connect_timeout=5,
+            read_timeout=60,
+            s3={"addressing_style": "path"} if self.endpoint_url else None,
+        )
+        return boto3.session.Session(
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+            region_name=self.region,
+        ).client("s3", endpoint_url=self.endpoint_url, config=config)
+
+    def env(self) -> dict[str, str]:
+        """The environment a tritonserver (or a step in a subprocess) needs to reach this S3."""
+        env = {"AWS_DEFAULT_REGION": self.region, "AWS_REGION": self.region}
+        if self.access_key_id and self.secret_access_key:
+            env["AWS_ACCESS_KEY_ID"] = self.access_key_id
+            env["AWS_SECRET_ACCESS_KEY"] = self.secret_access_key
+        if self.endpoint_url:
+            env["AWS_ENDPOINT_URL_S3"] = self.endpoint_url
+        return env
+
+    def triton_uri(self, bucket: str, prefix: str) -> str:
+        """Triton's form: s3://bucket/prefix on AWS, s3://http://host:port/bucket/prefix elsewhere."""
+        prefix = prefix.strip("/")
+        if self.endpoint_url:
+            return f"s3://{self.endpoint_url.rstrip('/')}/{bucket}/{prefix}"
+        return f"s3://{bucket}/{prefix}"

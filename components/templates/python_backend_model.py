@@ -1,0 +1,58 @@
+"""Serves a TorchScript model.pt through Triton's Python backend (written by tritonship).
+
+The embedded Triton has no PyTorch backend; this serves the same model.pt that production serves with
+pytorch_libtorch. Requests of one batch are concatenated along dimension 0 and run in one forward().
+"""
+
+import json
+import os
+import sys
+
+# The backend stub embeds an interpreter that ignores PYTHONPATH; honour it so that packages installed
+# beside the server (numpy, torch) are found.
+for _path in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    if _path and _path not in sys.path:
+        sys.path.append(_path)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.batched = config.get("max_batch_size", 0) > 0
+        self.input_names = [t["name"] for t in config["input"]]
+        self.outputs = [(t["name"], pb_utils.triton_string_to_numpy(t["data_type"])) for t in config["output"]]
+        threads = int(config.get("parameters", {}).get("torch_threads", {}).get("string_value", "1"))
+        torch.set_num_threads(threads)
+        path = os.path.join(args["model_repository"], args["model_version"], "model.pt")
+        self.model = torch.jit.load(path, map_location="cpu").eval()
+
+    def execute(self, requests):
+        batches = [[pb_utils.get_input_tensor_by_name(r, n).as_numpy() for n in self.input_names] for r in requests]
+        if self.batched and len(batches) > 1:
+            sizes = [b[0].shape[0] for b in batches]
+            inputs = [np.concatenate(column) for column in zip(*batches, strict=True)]
+            outputs = self._run(inputs)
+            bounds = np.cumsum(sizes)[:-1]
+            per_request = [list(parts) for parts in zip(*(np.split(o, bounds) for o in outputs), strict=True)]
+        else:
+            per_request = [self._run(b) for b in batches]
+        return [
+            pb_utils.InferenceResponse(
+                output_tensors=[
+                    pb_utils.Tensor(name, np.ascontiguousarray(value.astype(dtype, copy=False)))
+                    for (name, dtype), value in zip(self.outputs, values, strict=True)
+                ]
+            )
+            for values in per_request
+        ]
+
+    def _run(self, arrays):
+        with torch.inference_mode():
+            result = self.model(*[torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
+        if isinstance(result, torch.Tensor):
+            result = (result,)
+        return [t.detach().cpu().numpy() for t in result]

