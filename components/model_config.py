@@ -10,15 +10,30 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from components.errors import TritonshipError
-from components.signature import DTYPES, Signature
+from components.signature import DTYPES, NAME_PATTERN, Signature
 
 ModelConfig = mc.ModelConfig
 Flavour = Literal["libtorch", "python"]
 FLAVOURS: tuple[str, ...] = ("libtorch", "python")
 
 
+CANDIDATE_SUFFIX = "__candidate"
+
+
 class ModelConfigError(TritonshipError):
     """A config.pbtxt that cannot be parsed or does not match the model's signature."""
+
+
+def validate_model_name(name: str) -> str:
+    """A Triton model name that is also one safe S3 key segment (no '/', no '..', no control characters)."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or ".." in name:
+        raise ModelConfigError(
+            f"model name {name!r} is not valid; use letters, digits, '_', '.', '-' (at most 128, not starting "
+            "with '.' or '-', no '..')."
+        )
+    if CANDIDATE_SUFFIX in name:
+        raise ModelConfigError(f"model name {name!r} must not contain '{CANDIDATE_SUFFIX}' (reserved for candidates).")
+    return name
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import boto3
 from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ReadTimeoutError,
+)
+
+from components.errors import TritonshipError
 
 
 @dataclass(frozen=True)
@@ -60,3 +71,44 @@ class S3Settings:
         if self.endpoint_url:
             return f"s3://{self.endpoint_url.rstrip('/')}/{bucket}/{prefix}"
         return f"s3://{bucket}/{prefix}"
+
+
+class S3Error(TritonshipError):
+    """S3 refused or could not be reached."""
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """'s3://bucket/some/prefix' -> ('bucket', 'some/prefix')."""
+    if not uri.startswith("s3://") or not uri[5:].split("/", 1)[0]:
+        raise TritonshipError(f"{uri!r} is not an S3 URI; write it as s3://bucket/prefix.")
+    bucket, _, key = uri[5:].partition("/")
+    return bucket, key.strip("/")
+
+
+def explain(exc: Exception, what: str, bucket: str) -> S3Error:
+    """One plain sentence for an S3 failure, never including credentials."""
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in ("NoSuchBucket",) or (code == "404" and not what.startswith("read")):
+            return S3Error(f"the bucket '{bucket}' does not exist ({what}); create it or fix the repository URI.")
+        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"):
+            return S3Error(f"S3 denied access to bucket '{bucket}' ({what}: {code}); check the credentials and policy.")
+        return S3Error(f"S3 refused to {what} in bucket '{bucket}': {code or status}.")
+    if isinstance(exc, EndpointConnectionError | ConnectTimeoutError | ReadTimeoutError):
+        return S3Error(f"S3 could not be reached to {what} ({type(exc).__name__}); check the endpoint URL and network.")
+    if isinstance(exc, NoCredentialsError):
+        return S3Error("no S3 credentials were found; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile or IRSA.")
+    return S3Error(f"S3 failed to {what} in bucket '{bucket}': {type(exc).__name__}.")
+
+
+S3_EXCEPTIONS = (ClientError, BotoCoreError)
+
+
+def download_file(settings: S3Settings, bucket: str, key: str, path: Path) -> None:
+    try:
+        settings.client().download_file(bucket, key, str(path))
+    except S3_EXCEPTIONS as exc:
+        if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+            raise S3Error(f"s3://{bucket}/{key} does not exist.") from None
+        raise explain(exc, f"read s3://{bucket}/{key}", bucket) from None

@@ -208,7 +208,7 @@ def _tensor(data: Any, source: str, kind: str, batch: bool) -> TensorSpec:
     if not isinstance(data, dict):
         raise SignatureError(f"{source}: each {kind} must be a mapping with name, dtype and shape.")
     name = data.get("name")
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise SignatureError(
             f"{source}: {kind} name {name!r} is not valid; use letters, digits, '_', '.', '-' "
             "(at most 128, not starting with '.' or '-')."

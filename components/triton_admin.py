@@ -135,6 +135,24 @@ class TritonAdmin:
         result = self._infer(model, inputs, output_names, version)
         return {n: result.as_numpy(n) for n in output_names}
 
+    def infer_in_batches(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        output_names: list[str],
+        max_batch_size: int,
+        version: int | str = "",
+    ) -> dict[str, np.ndarray]:
+        """Infer many samples in requests of at most `max_batch_size` (0: one request, unbatched model)."""
+        total = len(next(iter(inputs.values())))
+        if max_batch_size <= 0 or total <= max_batch_size:
+            return self.infer(model, inputs, output_names, version)
+        parts = [
+            self.infer(model, {k: v[i : i + max_batch_size] for k, v in inputs.items()}, output_names, version)
+            for i in range(0, total, max_batch_size)
+        ]
+        return {n: np.concatenate([p[n] for p in parts]) for n in output_names}
+
     def served_version(self, model: str, inputs: Mapping[str, np.ndarray], output_names: list[str]) -> int:
         """Which version answers an unversioned request (the response says)."""
         return int(self._infer(model, inputs, output_names, "").get_response()["model_version"])

@@ -96,6 +96,66 @@ def _read_state(state_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+# ------------------------------------------------------------------------------------ export / compile
+@app.command("export")
+@friendly_errors
+def export_cmd(
+    model: Annotated[str, typer.Option(help="package.module:factory, a TorchScript file or an ExportedProgram .pt2")],
+    signature: Annotated[Path, typer.Option(help="the I/O signature (YAML or JSON)")],
+    out: Annotated[Path, typer.Option(help="output folder (must not exist)")],
+    checkpoint: Annotated[str | None, typer.Option(help="state_dict for the factory's model: a path or s3://")] = None,
+    golden: Annotated[Path | None, typer.Option(help=".npz of golden inputs keyed by input name")] = None,
+    samples: Annotated[int, typer.Option(help="golden samples to generate when --golden is not given")] = 16,
+    method: Annotated[
+        str, typer.Option(help="auto (torch.export, then TorchScript) | export | script | trace")
+    ] = "auto",
+) -> None:
+    """Load a model, check it against its signature, export it with golden samples."""
+    from components.export import export
+
+    result = export(model, signature, out, checkpoint=checkpoint, golden=golden, samples=samples, method=method)  # type: ignore[arg-type]
+    out_console_line(f"exported with {result.method} to {result.out_dir / result.artifact}")
+    if result.fallback_reason:
+        out_console_line(f"  (fell back: {result.fallback_reason})")
+
+
+@app.command("compile")
+@friendly_errors
+def compile_cmd(
+    export_dir: Annotated[Path, typer.Argument(help="the output folder of `tritonship export`")],
+    name: Annotated[str, typer.Option(help="the Triton model name")],
+    out: Annotated[Path, typer.Option(help="output model folder (must not exist)")],
+    target: Annotated[str, typer.Option(help="torchscript | tensorrt")] = "torchscript",
+    precision: Annotated[str, typer.Option(help="fp32 | fp16 | bf16 (tensorrt)")] = "fp32",
+    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
+    flavour: Annotated[
+        str, typer.Option(help="libtorch (Triton PyTorch backend) | python (embedded Triton)")
+    ] = "libtorch",
+    atol: Annotated[float | None, typer.Option(help="absolute tolerance (default by precision)")] = None,
+    rtol: Annotated[float | None, typer.Option(help="relative tolerance (default by precision)")] = None,
+    int_mismatch: Annotated[float | None, typer.Option(help="share of integer output elements that may differ")] = None,
+    opt_batch: Annotated[int, typer.Option(help="TensorRT optimisation batch size")] = 8,
+    workspace_gb: Annotated[float, typer.Option(help="TensorRT workspace in GiB")] = 2.0,
+) -> None:
+    """Compile an export for Triton, check parity against the eager model, write the model folder."""
+    from components.compile import Tolerance, compile_model, parity_table
+
+    tolerance = (
+        Tolerance.for_precision(precision, atol, rtol, int_mismatch) if precision in ("fp32", "fp16", "bf16") else None
+    )
+    with console.status(f"compiling for {target} ({precision}, {device})"):
+        result = compile_model(
+            export_dir, out, name, target, precision, device, flavour,  # type: ignore[arg-type]
+            tolerance=tolerance, opt_batch=opt_batch, workspace_gb=workspace_gb,
+        )  # fmt: skip
+    out_console_line(parity_table(result.parity))
+    out_console_line(f"compiled {target}/{precision} on {result.device} in {result.seconds:.1f} s -> {result.out_dir}")
+
+
+def out_console_line(text: str) -> None:
+    out.print(text, highlight=False, markup=False)
+
+
 # -------------------------------------------------------------------------------------------- demo
 @app.command("demo")
 @friendly_errors

@@ -18,3 +18,15 @@ def stack() -> Iterator[EmbeddedStack]:
 @pytest.fixture
 def s3(stack: EmbeddedStack):
     return stack.s3.client()
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run where CUDA exists (the lent GPU machine); each has a CPU sibling that runs everywhere."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

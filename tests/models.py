@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import yaml
 from torch import nn
 
 from components import model_folder
@@ -21,6 +22,95 @@ class MLP(nn.Module):
         return self.net(x)
 
 
+class SmallCNN(nn.Module):
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        )  # fmt: skip
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.flatten(self.features(image), 1))
+
+
+class Recommender(nn.Module):
+    """The case that started the project: item-id history + the masked position -> top-10 items and scores."""
+
+    def __init__(self, items: int = 1000, dim: int = 32, k: int = 10, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.k = k
+        self.item_embedding = nn.Embedding(items, dim)
+        self.position_embedding = nn.Embedding(41, dim)
+        self.mix = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, dim))
+        self.out = nn.Linear(dim, items)
+
+    def forward(self, item_ids: torch.Tensor, mask_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        history = self.item_embedding(item_ids).mean(dim=1)
+        query = self.mix(history + self.position_embedding(mask_pos[:, 0]))
+        scores, indices = torch.topk(torch.softmax(self.out(query), dim=-1), self.k, dim=-1)
+        return indices, scores
+
+
+class TwoHeads(nn.Module):
+    """Two outputs of different dtypes: fp32 logits and an int32 class id."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.net = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.net(x)
+        return logits, logits.argmax(dim=-1, keepdim=True).to(torch.int32)
+
+
+def make_mlp() -> nn.Module:
+    return MLP()
+
+
+def make_cnn() -> nn.Module:
+    return SmallCNN()
+
+
+def make_recommender() -> nn.Module:
+    return Recommender()
+
+
+def make_two_heads() -> nn.Module:
+    return TwoHeads()
+
+
+CNN_SIGNATURE = {
+    "batch": True,
+    "max_batch_size": 16,
+    "inputs": [{"name": "image", "dtype": "fp32", "shape": [-1, 3, 16, 16]}],
+    "outputs": [{"name": "logits", "dtype": "fp32", "shape": [-1, 10]}],
+}
+RECOMMENDER_SIGNATURE = {
+    "batch": True,
+    "max_batch_size": 32,
+    "inputs": [
+        {"name": "item_ids", "dtype": "int64", "shape": [-1, 40], "range": [0, 1000]},
+        {"name": "mask_pos", "dtype": "int64", "shape": [-1, 1], "range": [0, 40]},
+    ],
+    "outputs": [
+        {"name": "topk_indices", "dtype": "int64", "shape": [-1, 10]},
+        {"name": "topk_scores", "dtype": "fp32", "shape": [-1, 10]},
+    ],
+}
+TWO_HEADS_SIGNATURE = {
+    "batch": True,
+    "max_batch_size": 8,
+    "inputs": [{"name": "x", "dtype": "fp32", "shape": [-1, 8]}],
+    "outputs": [
+        {"name": "logits", "dtype": "fp32", "shape": [-1, 5]},
+        {"name": "label", "dtype": "int32", "shape": [-1, 1]},
+    ],
+}
 MLP_SIGNATURE = {
     "batch": True,
     "max_batch_size": 8,
@@ -45,3 +135,16 @@ def mlp_folder(tmp_path: Path, name: str = "mlp", seed: int = 0) -> Path:
 def upload_folder(client, bucket: str, folder: Path, prefix: str) -> None:
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder)}")
+
+
+MODELS = {
+    "mlp": ("tests.models:make_mlp", MLP_SIGNATURE),
+    "cnn": ("tests.models:make_cnn", CNN_SIGNATURE),
+    "recommender": ("tests.models:make_recommender", RECOMMENDER_SIGNATURE),
+    "two_heads": ("tests.models:make_two_heads", TWO_HEADS_SIGNATURE),
+}
+
+
+def write_signature(path: Path, signature: dict) -> Path:
+    path.write_text(yaml.safe_dump(signature, sort_keys=False))
+    return path

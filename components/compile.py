@@ -1,0 +1,366 @@
+"""Compile step: an exported model to a Triton-ready, parity-checked model folder.
+
+Targets:
+- `tensorrt`: Torch-TensorRT 2.14 dynamo path (DESIGN.md section 5), saved as TorchScript model.pt
+  for Triton's PyTorch backend. Needs CUDA and torch_tensorrt (the compile image).
+- `torchscript`: traced and frozen TorchScript on CPU or CUDA; fp16 on CUDA.
+
+The compiled file is loaded back from disk and run on the golden inputs (and at batch 1, which
+catches a batch size baked in by tracing); every output is compared with the eager fp32 reference.
+A mismatch stops the step with a table of what failed and writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from components import log, model_folder
+from components.errors import TritonshipError
+from components.export import ExportedModel, read_export
+from components.model_config import Flavour, validate_model_name
+from components.signature import FLOAT_DTYPES, Signature, concrete_shape
+
+LOG = log.get("compile")
+Target = Literal["torchscript", "tensorrt"]
+Precision = Literal["fp32", "fp16", "bf16"]
+TARGETS: tuple[str, ...] = ("torchscript", "tensorrt")
+COMPILE_IMAGE_HINT = "run the compile step in the compile image (images/compile.Dockerfile, NGC pytorch:<YY.MM>-py3)"
+
+# (atol, rtol) per precision: an output passes where |compiled - reference| <= atol + rtol * |reference|.
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {"fp32": (1e-4, 1e-4), "fp16": (2e-2, 2e-2), "bf16": (8e-2, 5e-2)}
+# Share of integer output elements that may differ (top-k indices can swap near-ties at low precision).
+DEFAULT_INT_MISMATCH: dict[str, float] = {"fp32": 0.0, "fp16": 0.05, "bf16": 0.1}
+
+
+class CompileError(TritonshipError):
+    """The model could not be compiled for the requested target."""
+
+
+class ParityError(CompileError):
+    """The compiled model's outputs differ from the eager reference beyond the tolerances."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+    int_mismatch: float
+
+    @classmethod
+    def for_precision(
+        cls, precision: str, atol: float | None = None, rtol: float | None = None, int_mismatch: float | None = None
+    ) -> Tolerance:
+        default_atol, default_rtol = DEFAULT_TOLERANCES[precision]
+        return cls(
+            default_atol if atol is None else atol,
+            default_rtol if rtol is None else rtol,
+            DEFAULT_INT_MISMATCH[precision] if int_mismatch is None else int_mismatch,
+        )
+
+
+@dataclass(frozen=True)
+class OutputParity:
+    name: str
+    passed: bool
+    max_abs_err: float
+    max_rel_err: float
+    mismatch_fraction: float
+    check: str  # which batch: "golden" or "batch-1"
+
+
+def compare(name: str, got: np.ndarray, want: np.ndarray, tol: Tolerance, check: str) -> OutputParity:
+    """Compare one output with its reference (numpy.allclose semantics for floats, exact share for ints)."""
+    if got.shape != want.shape:
+        return OutputParity(name, False, float("inf"), float("inf"), 1.0, f"{check}: shape {got.shape} != {want.shape}")
+    if want.dtype.kind in "fc":
+        a, b = got.astype(np.float64), want.astype(np.float64)
+        err = np.abs(a - b)
+        rel = err / np.maximum(np.abs(b), 1e-12)
+        bad = ~(err <= tol.atol + tol.rtol * np.abs(b))
+        bad |= np.isnan(a) != np.isnan(b)
+        fraction = float(bad.mean()) if bad.size else 0.0
+        return OutputParity(name, not bad.any(), float(err.max(initial=0)), float(rel.max(initial=0)), fraction, check)
+    differs = got != want
+    fraction = float(differs.mean()) if differs.size else 0.0
+    return OutputParity(name, fraction <= tol.int_mismatch, float(differs.any()), float(differs.any()), fraction, check)
+
+
+def parity_table(results: list[OutputParity]) -> str:
+    lines = [f"{'output':<24} {'check':<10} {'max abs err':>12} {'max rel err':>12} {'mismatch':>9}  result"]
+    for r in results:
+        lines.append(
+            f"{r.name:<24} {r.check:<10} {r.max_abs_err:>12.3g} {r.max_rel_err:>12.3g} "
+            f"{r.mismatch_fraction:>8.1%}  {'ok' if r.passed else 'FAIL'}"
+        )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------- TensorRT
+def tensorrt_compile_settings(
+    signature: Signature,
+    precision: Precision,
+    opt_batch: int,
+    workspace_bytes: int,
+    device_index: int = 0,
+) -> dict[str, Any]:
+    """The keyword arguments for `torch_tensorrt.compile` (Torch-TensorRT 2.14, dynamo path).
+
+    Kept apart from the call so that the settings are tested where TensorRT does not exist. On the
+    dynamo path `enabled_precisions` is ignored: low precision comes from autocast.
+    """
+    import_free_inputs = []
+    for spec in signature.inputs:
+        if any(d == -1 for d in (spec.shape[1:] if signature.batch else spec.shape)):
+            raise CompileError(
+                f"input '{spec.name}' has a dynamic dimension besides the batch ({list(spec.shape)}); the tensorrt "
+                "target needs fixed non-batch dimensions."
+            )
+        if signature.batch:
+            shapes = {
+                "min_shape": concrete_shape(spec.shape, 1, True),
+                "opt_shape": concrete_shape(spec.shape, min(opt_batch, signature.max_batch_size), True),
+                "max_shape": concrete_shape(spec.shape, signature.max_batch_size, True),
+            }
+        else:
+            shapes = {"min_shape": spec.shape, "opt_shape": spec.shape, "max_shape": spec.shape}
+        import_free_inputs.append({**shapes, "dtype": spec.torch_dtype, "name": spec.name})
+    settings: dict[str, Any] = {
+        "ir": "dynamo",
+        "inputs_spec": import_free_inputs,
+        "workspace_size": workspace_bytes,
+        "device": f"cuda:{device_index}",
+        "min_block_size": 1,
+        "truncate_double": True,
+        "require_full_compilation": False,
+    }
+    if precision in ("fp16", "bf16"):
+        settings["enable_autocast"] = True
+        settings["autocast_low_precision_type"] = torch.float16 if precision == "fp16" else torch.bfloat16
+    return settings
+
+
+def compile_tensorrt(module: nn.Module, exported: ExportedModel, settings: dict[str, Any], path: Path) -> None:
+    try:
+        import torch_tensorrt
+    except ImportError:
+        raise CompileError(f"Torch-TensorRT (torch_tensorrt) is not installed here; {COMPILE_IMAGE_HINT}.") from None
+    if not torch.cuda.is_available():
+        raise CompileError(
+            f"the tensorrt target needs a CUDA GPU and none is visible; {COMPILE_IMAGE_HINT} on a GPU node."
+        )
+    kwargs = dict(settings)
+    inputs = [
+        torch_tensorrt.Input(**{k: v for k, v in spec.items() if k != "name"}) for spec in kwargs.pop("inputs_spec")
+    ]
+    device = kwargs["device"]
+    compiled = torch_tensorrt.compile(module.to(device), arg_inputs=inputs, **kwargs)
+    example = [torch.from_numpy(a[:1]).to(device) for a in exported.golden_inputs.values()]
+    torch_tensorrt.save(compiled, str(path), output_format="torchscript", arg_inputs=example)
+
+
+# -------------------------------------------------------------------------------- TorchScript
+class _HalfPrecision(nn.Module):
+    """Runs the model in fp16 but keeps the client's I/O dtypes: float inputs in, float outputs out."""
+
+    def __init__(self, model: nn.Module, output_dtypes: list[torch.dtype]) -> None:
+        super().__init__()
+        self.model = model.half()
+        self.output_dtypes = output_dtypes
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        cast = [a.half() if a.is_floating_point() else a for a in args]
+        result = self.model(*cast)
+        outputs = (result,) if isinstance(result, torch.Tensor) else tuple(result)
+        return tuple(o.to(d) for o, d in zip(outputs, self.output_dtypes, strict=True))
+
+
+def compile_torchscript(
+    module: nn.Module, exported: ExportedModel, device: str, precision: Precision, path: Path
+) -> None:
+    signature = exported.signature
+    if precision != "fp32" and not device.startswith("cuda"):
+        raise CompileError(f"{precision} TorchScript needs a CUDA device; use --precision fp32 on the CPU.")
+    if precision == "bf16":
+        raise CompileError("bf16 is offered by the tensorrt target only; use fp16 or fp32 for torchscript.")
+    example = tuple(torch.from_numpy(a[: min(2, len(a))]).to(device) for a in exported.golden_inputs.values())
+    if not signature.batch:
+        example = tuple(torch.from_numpy(a).to(device) for a in exported.golden_inputs.values())
+    module = module.to(device)  # already in inference mode; exported graph modules refuse .eval()
+    if precision == "fp16":
+        module = _HalfPrecision(module, [s.torch_dtype for s in signature.outputs])
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer warnings about runtime asserts of exported graphs
+        scripted = (
+            module
+            if isinstance(module, torch.jit.ScriptModule)
+            else torch.jit.trace(module, example, check_trace=False)
+        )
+        # freeze folds parameters and conv-bn; optimize_for_inference is left out: its MKLDNN rewrite
+        # saves files that torch.jit.load cannot read back.
+        frozen = torch.jit.freeze(scripted.eval())
+    frozen.save(str(path))
+
+
+# ------------------------------------------------------------------------------------- parity
+def check_parity(path: Path, exported: ExportedModel, device: str, tol: Tolerance) -> list[OutputParity]:
+    """Load the compiled file back and compare its outputs with the eager fp32 reference."""
+    compiled = torch.jit.load(str(path), map_location=device).eval()
+    signature = exported.signature
+    checks = [("golden", exported.golden_inputs, exported.golden_outputs)]
+    if signature.batch and len(next(iter(exported.golden_inputs.values()))) > 1:
+        first = {k: v[:1] for k, v in exported.golden_inputs.items()}
+        checks.append(("batch-1", first, {k: v[:1] for k, v in exported.golden_outputs.items()}))
+    results = []
+    for check, inputs, reference in checks:
+        got = _run_in_batches(compiled, signature, inputs, device, check)
+        results += [compare(s.name, got[s.name], reference[s.name], tol, check) for s in signature.outputs]
+    return results
+
+
+def _run_in_batches(
+    compiled: torch.jit.ScriptModule, signature: Signature, inputs: dict[str, np.ndarray], device: str, check: str
+) -> dict[str, np.ndarray]:
+    """Run as Triton would: requests of at most max_batch_size samples."""
+    total = len(next(iter(inputs.values())))
+    step = signature.max_batch_size if signature.batch else total
+    parts: list[dict[str, np.ndarray]] = []
+    for start in range(0, total, step):
+        rows = slice(start, start + step) if signature.batch else slice(None)
+        args = [torch.from_numpy(np.ascontiguousarray(inputs[s.name][rows])).to(device) for s in signature.inputs]
+        try:
+            with torch.inference_mode():
+                result = compiled(*args)
+        except Exception as exc:
+            first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            raise ParityError(f"the compiled model failed on the {check} inputs: {first}.") from None
+        outputs = (result,) if isinstance(result, torch.Tensor) else tuple(result)
+        parts.append(
+            {
+                spec.name: t.detach().float().cpu().numpy() if spec.dtype in FLOAT_DTYPES else t.detach().cpu().numpy()
+                for spec, t in zip(signature.outputs, outputs, strict=True)
+            }
+        )
+    return {s.name: np.concatenate([p[s.name] for p in parts]) for s in signature.outputs}
+
+
+# -------------------------------------------------------------------------------- fingerprint
+def build_fingerprint(target: str, precision: str, device: str) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "target": target,
+        "precision": precision,
+        "device": device,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cuda": torch.version.cuda,
+        "image": os.environ.get("TRITONSHIP_IMAGE"),
+        "host": platform.node(),
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        index = torch.device(device).index or 0
+        info["gpu"] = torch.cuda.get_device_name(index)
+        info["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(index)))
+    for package in ("torch_tensorrt", "tensorrt"):
+        try:
+            info[package] = __import__(package).__version__
+        except Exception:
+            info[package] = None
+    return info
+
+
+# ----------------------------------------------------------------------------------- the step
+@dataclass(frozen=True)
+class CompileResult:
+    out_dir: Path
+    target: str
+    precision: str
+    device: str
+    parity: list[OutputParity]
+    seconds: float
+
+
+def compile_model(
+    export_dir: Path,
+    out_dir: Path,
+    name: str,
+    target: Target = "torchscript",
+    precision: Precision = "fp32",
+    device: str = "cpu",
+    flavour: Flavour = "libtorch",
+    tolerance: Tolerance | None = None,
+    opt_batch: int = 8,
+    workspace_gb: float = 2.0,
+) -> CompileResult:
+    """The compile step: compile, check parity, write the Triton model folder. Nothing is written on failure."""
+    if target not in TARGETS:
+        raise CompileError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}.")
+    if precision not in DEFAULT_TOLERANCES:
+        raise CompileError(f"unknown precision {precision!r}; use one of {', '.join(DEFAULT_TOLERANCES)}.")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise CompileError(
+            f"--device {device} was asked for but no CUDA GPU is visible; use --device cpu or a GPU node."
+        )
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise CompileError(f"{out_dir} already exists and is not empty; choose a new output folder.")
+    if flavour == "python" and (target == "tensorrt" or device != "cpu"):
+        raise CompileError("the python flavour (embedded Triton) serves CPU TorchScript only; use --flavour libtorch.")
+    validate_model_name(name)
+    exported = read_export(export_dir)
+    tol = tolerance or Tolerance.for_precision(precision)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="tritonship-compile-") as tmp:
+        compiled_path = Path(tmp) / model_folder.MODEL_FILE
+        module = exported.module()
+        if target == "tensorrt":
+            device = device if device.startswith("cuda") else "cuda:0"
+            index = torch.device(device).index or 0
+            settings = tensorrt_compile_settings(
+                exported.signature, precision, opt_batch, int(workspace_gb * 2**30), index
+            )
+            compile_tensorrt(module, exported, settings, compiled_path)
+        else:
+            compile_torchscript(module, exported, device, precision, compiled_path)
+        seconds = time.monotonic() - started
+        parity = check_parity(compiled_path, exported, device, tol)
+        for row in parity:
+            log.event(
+                LOG, "parity", output=row.name, check=row.check, max_abs_err=f"{row.max_abs_err:.3g}", ok=row.passed
+            )
+        if not all(r.passed for r in parity):
+            raise ParityError(
+                f"the compiled model does not match the eager model (atol {tol.atol:g}, rtol {tol.rtol:g}, integer "
+                f"mismatch {tol.int_mismatch:.0%}); nothing was written:\n{parity_table(parity)}"
+            )
+        fingerprint = build_fingerprint(target, precision, device)
+        fingerprint["compile_seconds"] = round(seconds, 3)
+        fingerprint["export"] = {k: exported.info.get(k) for k in ("method", "fallback_reason", "source", "torch")}
+        fingerprint["parity"] = [asdict(r) for r in parity]
+        fingerprint["tolerance"] = asdict(tol)
+        model_folder.write(
+            out_dir,
+            name,
+            exported.signature,
+            compiled_path,
+            flavour,
+            exported.golden_inputs,
+            exported.golden_outputs,
+            fingerprint,
+            gpu=device.startswith("cuda"),
+        )
+    log.event(LOG, "compiled", target=target, precision=precision, device=device, seconds=f"{seconds:.1f}", out=out_dir)
+    return CompileResult(out_dir, target, precision, device, parity, seconds)
+
+
+def write_result(result: CompileResult, path: Path) -> None:
+    path.write_text(json.dumps({**asdict(result), "out_dir": str(result.out_dir)}, indent=2, default=str))

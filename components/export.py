@@ -1,0 +1,371 @@
+"""Export step: a user's PyTorch model, checked against its I/O signature, saved with golden samples.
+
+The model comes as `package.module:factory` (+ optional state_dict checkpoint, local or s3://), a
+TorchScript file, or a saved ExportedProgram (.pt2). It is run on inputs generated from the
+signature to check names, dtypes and shapes, then exported with `torch.export` (dynamic batch) or,
+when that fails, as TorchScript (script, then trace), with the reason logged.
+
+    <out>/exported.pt2 | <out>/model.ts     the exported model
+    <out>/signature.yaml                     the checked signature
+    <out>/golden.npz                         golden inputs and eager fp32 reference outputs
+    <out>/export.json                        how it was exported (method, fallback reason, versions)
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import shutil
+import sys
+import tempfile
+import warnings
+import zipfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from components import log
+from components.errors import TritonshipError
+from components.model_folder import load_golden, save_golden
+from components.s3repo import S3Settings, download_file, split_s3_uri
+from components.signature import Signature, SignatureError, check_tensor, dtype_name
+
+LOG = log.get("export")
+Method = Literal["auto", "export", "script", "trace"]
+EXPORTED_PROGRAM_FILE = "exported.pt2"
+TORCHSCRIPT_FILE = "model.ts"
+EXPORT_INFO_FILE = "export.json"
+SIGNATURE_FILE = "signature.yaml"
+GOLDEN_FILE = "golden.npz"
+
+
+class ExportError(TritonshipError):
+    """The model could not be loaded, checked or exported."""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    out_dir: Path
+    method: str
+    artifact: str
+    fallback_reason: str | None
+    golden_samples: int
+
+
+# -------------------------------------------------------------------------------------- loading
+def load_model(source: str, checkpoint: str | None = None, s3: S3Settings | None = None) -> nn.Module:
+    """The user's model in eval mode on the CPU, from a factory, a TorchScript file or an ExportedProgram."""
+    path = Path(source)
+    if path.suffix in {".pt2", ".ts", ".pt", ".pth", ".jit"} or path.exists():
+        if checkpoint:
+            raise ExportError("a checkpoint goes with a `package.module:factory` model, not with a saved model file.")
+        return _load_saved_model(path)
+    if ":" not in source:
+        raise ExportError(
+            f"model {source!r} is neither a file nor `package.module:factory`; give a factory that returns an "
+            "nn.Module, a TorchScript file or an ExportedProgram (.pt2)."
+        )
+    model = _call_factory(source)
+    if checkpoint:
+        _load_checkpoint(model, checkpoint, s3)
+    return model.eval()
+
+
+def _call_factory(source: str) -> nn.Module:
+    module_name, _, attr = source.partition(":")
+    if "." not in sys.path and "" not in sys.path:
+        sys.path.insert(0, ".")  # a factory in the caller's working tree, as `python -m` would find it
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ExportError(f"cannot import {module_name!r} for the model factory: {exc}.") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ExportError(f"{module_name} has no callable {attr!r}; the factory must return an nn.Module.")
+    model = factory()
+    if not isinstance(model, nn.Module):
+        raise ExportError(f"{source} returned {type(model).__name__}, not a torch.nn.Module.")
+    return model
+
+
+def _load_saved_model(path: Path) -> nn.Module:
+    if not path.is_file():
+        raise ExportError(f"the model file {path} does not exist.")
+    if path.stat().st_size == 0 or not zipfile.is_zipfile(path):
+        raise ExportError(f"{path} is not a TorchScript or ExportedProgram file (empty, truncated or another format).")
+    try:
+        if path.suffix == ".pt2":
+            return torch.export.load(str(path)).module()
+        return torch.jit.load(str(path), map_location="cpu").eval()
+    except Exception as exc:  # torch raises many types for a bad archive
+        raise ExportError(f"{path} could not be loaded as a saved model: {_first_line(exc)}.") from None
+
+
+def _load_checkpoint(model: nn.Module, checkpoint: str, s3: S3Settings | None) -> None:
+    with tempfile.TemporaryDirectory(prefix="tritonship-ckpt-") as tmp:
+        local = Path(checkpoint)
+        if checkpoint.startswith("s3://"):
+            bucket, key = split_s3_uri(checkpoint)
+            local = Path(tmp) / "checkpoint.pt"
+            download_file(s3 or S3Settings.from_env(), bucket, key, local)
+        if not local.is_file():
+            raise ExportError(f"the checkpoint {checkpoint} does not exist.")
+        try:
+            # weights_only: a checkpoint is data, never code; a pickle that needs more is refused.
+            state = torch.load(local, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ExportError(
+                f"the checkpoint {checkpoint} is not a loadable state_dict ({_first_line(exc)}); "
+                "save it with torch.save(model.state_dict(), path)."
+            ) from None
+    if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
+        state = state["state_dict"]  # Lightning-style {"state_dict": ...}
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ExportError(
+            f"the checkpoint {checkpoint} is not a state_dict (a mapping of names to tensors); "
+            "save it with torch.save(model.state_dict(), path)."
+        )
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # shape mismatches
+        detail = " ".join(str(exc).split("\n")[1:2]).strip()
+        raise ExportError(f"the checkpoint {checkpoint} does not fit the model: {detail[:300]}") from None
+    if result.missing_keys or result.unexpected_keys:
+        raise ExportError(
+            f"the checkpoint {checkpoint} does not fit the model: missing {list(result.missing_keys)[:5]}, "
+            f"unexpected {list(result.unexpected_keys)[:5]}."
+        )
+
+
+# ------------------------------------------------------------------------------ signature check
+def run_model(model: nn.Module, signature: Signature, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run the model on named numpy inputs (in signature order) and name its outputs by the signature."""
+    args = [torch.from_numpy(np.ascontiguousarray(inputs[s.name])) for s in signature.inputs]
+    with torch.inference_mode():
+        try:
+            result = model(*args)
+        except Exception as exc:
+            called = ", ".join(
+                f"{s.name}: {s.dtype}{list(a.shape)}" for s, a in zip(signature.inputs, args, strict=True)
+            )
+            raise SignatureError(
+                f"the model failed when called with the signature's inputs ({called}): {_first_line(exc)}; "
+                "check those inputs' dtypes and shapes in the signature."
+            ) from None
+    tensors = _as_tuple(result)
+    if len(tensors) != len(signature.outputs):
+        raise SignatureError(
+            f"the model returns {len(tensors)} output(s), the signature names {len(signature.outputs)}: "
+            f"{[s.name for s in signature.outputs]}."
+        )
+    outputs = {}
+    for spec, tensor in zip(signature.outputs, tensors, strict=True):
+        if not isinstance(tensor, torch.Tensor):
+            raise SignatureError(f"output '{spec.name}' is a {type(tensor).__name__}, not a tensor.")
+        check_tensor(spec, tuple(tensor.shape), dtype_name(tensor.dtype), "output")
+        outputs[spec.name] = tensor.detach().cpu().numpy()
+    return outputs
+
+
+def reference_outputs(
+    model: nn.Module, signature: Signature, inputs: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """The model's outputs for many samples, run in batches no larger than the signature allows."""
+    if not signature.batch:
+        return run_model(model, signature, inputs)
+    total, step = len(next(iter(inputs.values()))), signature.max_batch_size
+    parts = [
+        run_model(model, signature, {k: v[i : i + step] for k, v in inputs.items()}) for i in range(0, total, step)
+    ]
+    return {s.name: np.concatenate([p[s.name] for p in parts]) for s in signature.outputs}
+
+
+def check_forward_parameters(model: nn.Module, signature: Signature) -> None:
+    """Triton binds inputs by position: the signature must list forward()'s parameters, in order."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return  # no Python signature to compare with (some scripted modules)
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p.name for p in positional if p.default is p.empty]
+    names = [s.name for s in signature.inputs]
+    if len(names) < len(required) or len(names) > len(positional):
+        missing = [n for n in required if n not in names]
+        detail = f"; missing: {', '.join(missing)}" if missing else ""
+        raise SignatureError(
+            f"the model's forward() takes ({', '.join(p.name for p in positional)}), the signature's inputs are "
+            f"({', '.join(names)}){detail}."
+        )
+    forward_names = [p.name for p in positional[: len(names)]]
+    if sorted(forward_names) == sorted(names) and forward_names != names:
+        raise SignatureError(
+            f"the signature lists the inputs as ({', '.join(names)}) but forward() takes them as "
+            f"({', '.join(forward_names)}); Triton passes inputs by position, so use forward()'s order."
+        )
+
+
+def check_signature(model: nn.Module, signature: Signature) -> None:
+    """Run the model at two batch sizes; raise naming the tensor that disagrees with the signature."""
+    check_forward_parameters(model, signature)
+    for batch in (1, 3) if signature.batch else (1,):
+        outputs = run_model(model, signature, signature.example_inputs(batch, seed=batch))
+        if signature.batch:
+            for spec in signature.outputs:
+                if outputs[spec.name].shape[0] != batch:
+                    raise SignatureError(
+                        f"output '{spec.name}': dimension 0 is {outputs[spec.name].shape[0]} for a batch of "
+                        f"{batch}; with batch: true every output must keep the batch dimension."
+                    )
+
+
+def _as_tuple(result: Any) -> tuple[Any, ...]:
+    if isinstance(result, torch.Tensor):
+        return (result,)
+    if isinstance(result, list | tuple):
+        return tuple(result)
+    if isinstance(result, Mapping):
+        return tuple(result.values())
+    return (result,)
+
+
+# ------------------------------------------------------------------------------------ exporting
+def export_model(
+    model: nn.Module, signature: Signature, out_dir: Path, method: Method = "auto"
+) -> tuple[str, str, str | None]:
+    """Save the model; returns (method used, file name, reason torch.export was not used)."""
+    example = tuple(torch.from_numpy(a) for a in signature.example_inputs(2).values())
+    reason = None
+    if isinstance(model, torch.jit.ScriptModule):
+        model.save(str(out_dir / TORCHSCRIPT_FILE))
+        return "torchscript-file", TORCHSCRIPT_FILE, "the model was given as TorchScript"
+    if method in ("auto", "export"):
+        try:
+            batch = torch.export.Dim("batch", min=1, max=signature.max_batch_size)
+            dynamic = tuple({0: batch} for _ in signature.inputs) if signature.batch else None
+            program = torch.export.export(model, example, dynamic_shapes=dynamic)
+            torch.export.save(program, str(out_dir / EXPORTED_PROGRAM_FILE))
+            return "torch.export", EXPORTED_PROGRAM_FILE, None
+        except Exception as exc:
+            if method == "export":
+                raise ExportError(f"torch.export failed: {_first_line(exc)}.") from None
+            reason = f"torch.export failed: {_first_line(exc)}"
+            log.event(LOG, "torch.export failed, falling back to TorchScript", reason=reason)
+    if method in ("auto", "script"):
+        try:
+            torch.jit.script(model).save(str(out_dir / TORCHSCRIPT_FILE))
+            return "torch.jit.script", TORCHSCRIPT_FILE, reason
+        except Exception as exc:
+            if method == "script":
+                raise ExportError(f"torch.jit.script failed: {_first_line(exc)}.") from None
+            reason = f"{reason}; torch.jit.script failed: {_first_line(exc)}" if reason else _first_line(exc)
+            log.event(LOG, "torch.jit.script failed, falling back to tracing", reason=_first_line(exc))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.jit.trace(model, example, check_trace=False).save(str(out_dir / TORCHSCRIPT_FILE))
+    except Exception as exc:
+        raise ExportError(
+            f"the model could not be exported by any method; tracing failed: {_first_line(exc)}."
+        ) from None
+    return "torch.jit.trace", TORCHSCRIPT_FILE, reason
+
+
+def golden_inputs(signature: Signature, samples: int, supplied: Path | None) -> dict[str, np.ndarray]:
+    """The user's samples (an .npz keyed by input name), checked, or valid random ones."""
+    if supplied is None:
+        return signature.example_inputs(samples if signature.batch else 1, seed=1234)
+    try:
+        with np.load(supplied, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"the golden samples {supplied} are not a readable .npz: {_first_line(exc)}.") from None
+    signature.check_arrays(arrays, signature.inputs, f"golden samples {supplied.name}")
+    return arrays
+
+
+def export(
+    model_source: str,
+    signature_path: Path,
+    out_dir: Path,
+    checkpoint: str | None = None,
+    golden: Path | None = None,
+    samples: int = 16,
+    method: Method = "auto",
+    s3: S3Settings | None = None,
+) -> ExportResult:
+    """The export step. Writes `out_dir` only once everything is checked."""
+    signature = Signature.load(signature_path)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ExportError(f"{out_dir} already exists and is not empty; choose a new output folder.")
+    model = load_model(model_source, checkpoint, s3)
+    check_signature(model, signature)
+    inputs = golden_inputs(signature, samples, golden)
+    reference = reference_outputs(_fp32(model), signature, inputs)
+    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir.parent if out_dir.parent.exists() else None))
+    try:
+        used, artifact, reason = export_model(model, signature, staging, method)
+        signature.save(staging / SIGNATURE_FILE)
+        save_golden(staging / GOLDEN_FILE, inputs, reference)
+        result = ExportResult(out_dir, used, artifact, reason, len(next(iter(inputs.values()))))
+        info = {**asdict(result), "out_dir": str(out_dir), "source": model_source, "torch": torch.__version__}
+        info["checkpoint"] = checkpoint
+        (staging / EXPORT_INFO_FILE).write_text(json.dumps(info, indent=2))
+        if out_dir.exists():
+            out_dir.rmdir()
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log.event(LOG, "exported", method=used, artifact=artifact, samples=result.golden_samples, out=out_dir)
+    return result
+
+
+def _fp32(model: nn.Module) -> nn.Module:
+    """The reference runs in fp32 whatever the model's own precision."""
+    if isinstance(model, torch.jit.ScriptModule):
+        return model
+    return model.float()
+
+
+# ------------------------------------------------------------------------------- reading exports
+@dataclass(frozen=True)
+class ExportedModel:
+    path: Path
+    signature: Signature
+    golden_inputs: dict[str, np.ndarray]
+    golden_outputs: dict[str, np.ndarray]
+    info: dict[str, Any]
+
+    @property
+    def artifact(self) -> Path:
+        return self.path / self.info["artifact"]
+
+    def module(self) -> nn.Module:
+        if self.artifact.name == EXPORTED_PROGRAM_FILE:
+            return torch.export.load(str(self.artifact)).module()
+        return torch.jit.load(str(self.artifact), map_location="cpu").eval()
+
+
+def read_export(path: Path) -> ExportedModel:
+    path = Path(path)
+    for required in (EXPORT_INFO_FILE, SIGNATURE_FILE, GOLDEN_FILE):
+        if not (path / required).is_file():
+            raise ExportError(f"{path} has no {required}; pass the output folder of `tritonship export`.")
+    info = json.loads((path / EXPORT_INFO_FILE).read_text())
+    if not (path / info.get("artifact", "")).is_file():
+        raise ExportError(f"{path} has no {info.get('artifact')}; re-run `tritonship export`.")
+    inputs, outputs = load_golden(path / GOLDEN_FILE)
+    return ExportedModel(path, Signature.load(path / SIGNATURE_FILE), inputs, outputs, info)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]

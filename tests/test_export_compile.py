@@ -1,0 +1,348 @@
+"""Export and compile: real models, parity against eager, Triton model folders served by the embedded Triton."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from components import model_config, model_folder
+from components.compile import (
+    CompileError,
+    ParityError,
+    Tolerance,
+    compare,
+    compile_model,
+    tensorrt_compile_settings,
+)
+from components.export import ExportError, export
+from components.signature import Signature, SignatureError
+from components.triton_admin import TritonAdmin
+from tests.models import MLP, MLP_SIGNATURE, MODELS, RECOMMENDER_SIGNATURE, upload_folder, write_signature
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _export(tmp_path: Path, key: str, **kwargs) -> Path:
+    factory, signature = MODELS[key]
+    export(factory, write_signature(tmp_path / f"{key}.yaml", signature), tmp_path / f"{key}-export", **kwargs)
+    return tmp_path / f"{key}-export"
+
+
+@pytest.mark.parametrize("key", sorted(MODELS))
+def test_model_exports_compiles_and_triton_answers_like_eager(key, tmp_path, stack, s3):
+    export_dir = _export(tmp_path, key)
+    info = json.loads((export_dir / "export.json").read_text())
+    assert info["method"] == "torch.export" and info["fallback_reason"] is None
+    name = f"ec_{key}"
+    result = compile_model(export_dir, tmp_path / name, name, flavour="python")
+    assert result.parity and all(r.passed for r in result.parity)
+    assert {r.check for r in result.parity} == {"golden", "batch-1"}
+
+    folder = model_folder.read(tmp_path / name)
+    assert folder.config.backend == "python" and folder.config.max_batch_size == folder.signature.max_batch_size
+    fingerprint = folder.fingerprint()
+    assert fingerprint["torch"] == torch.__version__ and fingerprint["target"] == "torchscript"
+
+    upload_folder(s3, stack.bucket, tmp_path / name, f"models/{name}")
+    golden_in, golden_out = folder.golden()
+    with TritonAdmin(stack.replicas[1].http_url) as admin:
+        admin.load(name)
+        try:
+            answer = admin.infer_in_batches(
+                name, golden_in, [s.name for s in folder.signature.outputs], folder.config.max_batch_size
+            )
+        finally:
+            admin.unload(name)
+    for spec in folder.signature.outputs:
+        if spec.dtype == "fp32":
+            np.testing.assert_allclose(answer[spec.name], golden_out[spec.name], rtol=1e-4, atol=1e-5)
+        else:
+            np.testing.assert_array_equal(answer[spec.name], golden_out[spec.name])
+
+
+def test_compiled_model_that_differs_from_eager_fails_parity_and_writes_nothing(tmp_path):
+    export_dir = _export(tmp_path, "mlp")
+    # Plant a different network (other weights) in place of the exported one.
+    other = MLP(seed=1).eval()
+    program = torch.export.export(other, (torch.randn(2, 16),))
+    torch.export.save(program, str(export_dir / "exported.pt2"))
+    with pytest.raises(ParityError) as info:
+        compile_model(export_dir, tmp_path / "out", "planted")
+    message = str(info.value)
+    assert "does not match the eager model" in message and "FAIL" in message and "y " in message
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda s: s["inputs"][0].update(dtype="int64"), "inputs (x: int64[1, 16])"),
+        (lambda s: s["inputs"][0].update(shape=[-1, 4, 4]), "inputs (x: fp32[1, 4, 4])"),
+        (lambda s: s["outputs"][0].update(dtype="int32"), "output 'y': dtype is fp32, the signature says int32"),
+        (lambda s: s["outputs"][0].update(shape=[-1, 5]), "output 'y': shape is"),
+    ],
+    ids=["input-dtype", "input-rank", "output-dtype", "output-shape"],
+)
+def test_bad_signature_fails_naming_the_tensor(change, expected, tmp_path):
+    signature = json.loads(json.dumps(MLP_SIGNATURE))
+    change(signature)
+    with pytest.raises(SignatureError, match=re.escape(expected)):
+        export("tests.models:make_mlp", write_signature(tmp_path / "s.yaml", signature), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_input_fails_naming_it(tmp_path):
+    signature = json.loads(json.dumps(RECOMMENDER_SIGNATURE))
+    signature["inputs"] = signature["inputs"][:1]  # mask_pos left out
+    with pytest.raises(SignatureError, match=r"forward\(\) takes \(item_ids, mask_pos\).*missing: mask_pos"):
+        export("tests.models:make_recommender", write_signature(tmp_path / "s.yaml", signature), tmp_path / "out")
+    swapped = json.loads(json.dumps(RECOMMENDER_SIGNATURE))
+    swapped["inputs"].reverse()
+    with pytest.raises(SignatureError, match=r"use forward\(\)'s order"):
+        export("tests.models:make_recommender", write_signature(tmp_path / "w.yaml", swapped), tmp_path / "out")
+    golden = tmp_path / "golden.npz"
+    np.savez(golden, item_ids=np.zeros((2, 40), np.int64))
+    full = write_signature(tmp_path / "full.yaml", RECOMMENDER_SIGNATURE)
+    with pytest.raises(SignatureError, match="missing mask_pos"):
+        export("tests.models:make_recommender", full, tmp_path / "out", golden=golden)
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"inputs": [], "outputs": []}, "'inputs' must be a non-empty list"),
+        ({"inputs": [{"name": "x", "dtype": "float", "shape": [-1, 2]}], "outputs": [{}]}, "dtype 'float'"),
+        (
+            {"inputs": [{"name": "x/../y", "dtype": "fp32", "shape": [-1, 2]}], "outputs": []},
+            "name 'x/../y' is not valid",
+        ),
+        ({"inputs": [{"name": "x", "dtype": "fp32", "shape": [3, 2]}], "outputs": []}, "dimension 0 must be -1"),
+        ({"batch": False, "inputs": [{"name": "x", "dtype": "fp32", "shape": [0]}], "outputs": []}, "positive integer"),
+    ],
+)
+def test_signature_file_errors_are_plain(data, expected):
+    with pytest.raises(SignatureError, match=expected.replace("(", r"\(")):
+        Signature.from_dict(data)
+
+
+def test_user_golden_samples_are_used(tmp_path):
+    inputs = {"x": np.random.default_rng(7).normal(size=(5, 16)).astype(np.float32)}
+    np.savez(tmp_path / "golden.npz", **inputs)
+    export_dir = _export(tmp_path, "mlp", golden=tmp_path / "golden.npz")
+    saved_in, saved_out = model_folder.load_golden(export_dir / "golden.npz")
+    np.testing.assert_array_equal(saved_in["x"], inputs["x"])
+    with torch.inference_mode():
+        np.testing.assert_allclose(saved_out["y"], MLP().eval()(torch.from_numpy(inputs["x"])).numpy(), rtol=1e-6)
+
+
+def test_checkpoint_state_dict_is_loaded_from_disk_and_s3(tmp_path, stack, s3):
+    trained = MLP(seed=42)
+    torch.save(trained.state_dict(), tmp_path / "weights.pt")
+    s3.upload_file(str(tmp_path / "weights.pt"), stack.bucket, "checkpoints/weights.pt")
+    signature = write_signature(tmp_path / "s.yaml", MLP_SIGNATURE)
+    for source, out in ((str(tmp_path / "weights.pt"), "a"), (f"s3://{stack.bucket}/checkpoints/weights.pt", "b")):
+        export("tests.models:make_mlp", signature, tmp_path / out, checkpoint=source, s3=stack.s3)
+        golden_in, golden_out = model_folder.load_golden(tmp_path / out / "golden.npz")
+        with torch.inference_mode():
+            expected = trained.eval()(torch.from_numpy(golden_in["x"])).numpy()
+        np.testing.assert_allclose(golden_out["y"], expected, rtol=1e-6)
+
+
+class NotAStateDict:
+    def __reduce__(self):
+        return (print, ("this pickle runs code when loaded without weights_only",))
+
+
+@pytest.mark.parametrize(
+    ("writer", "expected"),
+    [
+        (lambda p: torch.save(NotAStateDict(), p), "not a loadable state_dict"),
+        (lambda p: torch.save([torch.zeros(1)], p), "is not a state_dict"),
+        (lambda p: torch.save({"net.0.weight": torch.zeros(1)}, p), "does not fit the model"),
+        (lambda p: p.write_bytes(b"\x00garbage"), "not a loadable state_dict"),
+    ],
+    ids=["untrusted-pickle", "list", "wrong-keys", "corrupt"],
+)
+def test_bad_checkpoint_is_refused_clearly(writer, expected, tmp_path):
+    writer(tmp_path / "ckpt.pt")
+    signature = write_signature(tmp_path / "s.yaml", MLP_SIGNATURE)
+    with pytest.raises(ExportError, match=expected):
+        export("tests.models:make_mlp", signature, tmp_path / "out", checkpoint=str(tmp_path / "ckpt.pt"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_torchscript_and_exported_program_files_are_accepted(tmp_path):
+    model = MLP().eval()
+    torch.jit.script(model).save(str(tmp_path / "m.ts"))
+    batch = {0: torch.export.Dim("batch", max=8)}
+    torch.export.save(
+        torch.export.export(model, (torch.randn(2, 16),), dynamic_shapes=(batch,)), str(tmp_path / "m.pt2")
+    )
+    torch.export.save(torch.export.export(model, (torch.randn(2, 16),)), str(tmp_path / "static.pt2"))
+    signature = write_signature(tmp_path / "s.yaml", MLP_SIGNATURE)
+    with pytest.raises(SignatureError, match=r"Guard failed: x.size\(\)\[0\] == 2"):  # batch fixed at export
+        export(str(tmp_path / "static.pt2"), signature, tmp_path / "s")
+    assert export(str(tmp_path / "m.ts"), signature, tmp_path / "a").method == "torchscript-file"
+    assert export(str(tmp_path / "m.pt2"), signature, tmp_path / "b").method == "torch.export"
+    (tmp_path / "truncated.pt").write_bytes((tmp_path / "m.ts").read_bytes()[:100])
+    with pytest.raises(ExportError, match="truncated"):
+        export(str(tmp_path / "truncated.pt"), signature, tmp_path / "c")
+
+
+class DataDependent(torch.nn.Module):
+    """Control flow on values: torch.export refuses it, TorchScript scripting keeps it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = []
+        for i in range(x.shape[0]):
+            if x[i].sum() > 0:
+                rows.append(x[i] * 2)
+            else:
+                rows.append(x[i] - 1)
+        return torch.stack(rows)
+
+
+def make_data_dependent() -> torch.nn.Module:
+    return DataDependent()
+
+
+def test_fallback_to_torchscript_is_logged_and_recorded(tmp_path, caplog):
+    signature = {
+        "batch": True,
+        "max_batch_size": 4,
+        "inputs": [{"name": "x", "dtype": "fp32", "shape": [-1, 3]}],
+        "outputs": [{"name": "y", "dtype": "fp32", "shape": [-1, 3]}],
+    }
+    with caplog.at_level("INFO", logger="tritonship"):
+        result = export(
+            "tests.test_export_compile:make_data_dependent",
+            write_signature(tmp_path / "s.yaml", signature),
+            tmp_path / "out",
+        )
+    assert result.method == "torch.jit.script"
+    assert result.fallback_reason and "torch.export failed" in result.fallback_reason
+    assert "falling back to TorchScript" in caplog.text
+    compiled = compile_model(tmp_path / "out", tmp_path / "folder", "dd")
+    assert all(r.passed for r in compiled.parity)
+
+
+def test_config_pbtxt_round_trips_and_matches_signature():
+    signature = Signature.from_dict(RECOMMENDER_SIGNATURE)
+    config = model_config.build("rec", signature, "libtorch", gpu=True)
+    text = model_config.to_pbtxt(config)
+    assert 'platform: "pytorch_libtorch"' in text and "KIND_GPU" in text and "max_batch_size: 32" in text
+    parsed = model_config.parse_pbtxt(text)
+    assert parsed == config
+    assert model_config.to_pbtxt(parsed) == text
+    assert [list(t.dims) for t in parsed.input] == [[40], [1]]
+    pinned = model_config.pin_version(parsed, 7)
+    assert list(pinned.version_policy.specific.versions) == [7] and not parsed.HasField("version_policy")
+    assert json.loads(model_config.to_json(pinned))["version_policy"]["specific"]["versions"] == ["7"]
+    model_config.check_against(parsed, signature)
+    parsed.input[0].dims[0] = 41
+    with pytest.raises(model_config.ModelConfigError, match="input 'item_ids' dims are \\[41\\]"):
+        model_config.check_against(parsed, signature)
+    with pytest.raises(model_config.ModelConfigError, match="not a valid Triton model configuration"):
+        model_config.parse_pbtxt('name: "x"\nmax_batch_size: "lots"\n')
+
+
+@pytest.mark.parametrize("name", ["../etc", "a/b", "", ".hidden", "x\n", "m__candidate", "a..b"])
+def test_model_names_are_validated(name):
+    with pytest.raises(model_config.ModelConfigError):
+        model_config.validate_model_name(name)
+
+
+def test_tensorrt_settings_follow_the_documented_dynamo_api():
+    signature = Signature.from_dict(RECOMMENDER_SIGNATURE)
+    settings = tensorrt_compile_settings(signature, "fp16", opt_batch=8, workspace_bytes=1 << 30)
+    assert settings["ir"] == "dynamo" and settings["workspace_size"] == 1 << 30
+    assert "enabled_precisions" not in settings  # ignored on the dynamo path (DESIGN.md section 5)
+    assert settings["enable_autocast"] is True and settings["autocast_low_precision_type"] == torch.float16
+    item_ids = settings["inputs_spec"][0]
+    assert (item_ids["min_shape"], item_ids["opt_shape"], item_ids["max_shape"]) == ((1, 40), (8, 40), (32, 40))
+    assert item_ids["dtype"] == torch.int64
+    fp32 = tensorrt_compile_settings(signature, "fp32", opt_batch=64, workspace_bytes=1)
+    assert "enable_autocast" not in fp32 and fp32["inputs_spec"][1]["opt_shape"] == (32, 1)
+    dynamic = Signature.from_dict({**MLP_SIGNATURE, "inputs": [{"name": "x", "dtype": "fp32", "shape": [-1, -1]}]})
+    with pytest.raises(CompileError, match="dynamic dimension besides the batch"):
+        tensorrt_compile_settings(dynamic, "fp32", 8, 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where CUDA/Torch-TensorRT are missing")
+def test_tensorrt_target_without_cuda_or_torch_tensorrt_names_the_missing_piece(tmp_path):
+    export_dir = _export(tmp_path, "mlp")
+    with pytest.raises(
+        CompileError, match=r"Torch-TensorRT \(torch_tensorrt\) is not installed|needs a CUDA GPU"
+    ) as info:
+        compile_model(export_dir, tmp_path / "out", "trt", target="tensorrt")
+    assert "compile image" in str(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_tensorrt_compile_on_gpu(precision, tmp_path):
+    pytest.importorskip("torch_tensorrt")
+    export_dir = _export(tmp_path, "recommender")
+    result = compile_model(export_dir, tmp_path / "out", "rec", target="tensorrt", precision=precision, device="cuda")
+    assert all(r.passed for r in result.parity)
+    assert (
+        model_folder.read(tmp_path / "out").config.instance_group[0].kind == model_config.mc.ModelInstanceGroup.KIND_GPU
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("key", ["mlp", "cnn", "recommender", "two_heads"])
+def test_cuda_torchscript_passes_parity(key, precision, tmp_path):
+    """The GPU sibling of test_model_exports_compiles_and_triton_answers_like_eager (CPU)."""
+    export_dir = _export(tmp_path, key)
+    result = compile_model(export_dir, tmp_path / "out", key, precision=precision, device="cuda")
+    assert all(r.passed for r in result.parity)
+    assert model_folder.read(tmp_path / "out").fingerprint()["gpu"]
+
+
+def test_fp16_is_refused_on_the_cpu(tmp_path):
+    export_dir = _export(tmp_path, "mlp")
+    with pytest.raises(CompileError, match="needs a CUDA device"):
+        compile_model(export_dir, tmp_path / "out", "m", precision="fp16")
+
+
+def test_integer_outputs_are_compared_exactly_unless_a_share_is_allowed():
+    want = np.arange(20).reshape(2, 10)
+    got = want.copy()
+    got[0, 0] = 99
+    assert not compare("idx", got, want, Tolerance.for_precision("fp32"), "golden").passed
+    assert compare("idx", got, want, Tolerance.for_precision("fp16"), "golden").passed  # 5% allowed at fp16
+    nan = np.array([1.0, np.nan])
+    assert not compare("f", nan, np.array([1.0, 2.0]), Tolerance.for_precision("fp32"), "golden").passed
+
+
+def test_cli_export_compile_and_bad_input_exit_codes(tmp_path):
+    cli = [sys.executable, "-m", "pipelines.cli"]
+    signature = write_signature(tmp_path / "s.yaml", MLP_SIGNATURE)
+    run = lambda *args: subprocess.run([*cli, *args], capture_output=True, text=True, cwd=REPO, timeout=300)  # noqa: E731
+    ok = run("export", "--model", "tests.models:make_mlp", "--signature", str(signature), "--out", str(tmp_path / "e"))
+    assert ok.returncode == 0, ok.stderr
+    assert "exported with torch.export" in ok.stdout
+    ok = run("compile", str(tmp_path / "e"), "--name", "cli_mlp", "--out", str(tmp_path / "f"), "--flavour", "python")
+    assert ok.returncode == 0, ok.stderr
+    assert "compiled torchscript/fp32 on cpu" in ok.stdout and "ok" in ok.stdout
+    assert (tmp_path / "f" / "config.pbtxt").exists()
+
+    bad = json.loads(json.dumps(MLP_SIGNATURE))
+    bad["inputs"][0]["dtype"] = "int64"
+    failed = run("export", "--model", "tests.models:make_mlp", "--signature", str(write_signature(tmp_path / "b.yaml", bad)),
+                 "--out", str(tmp_path / "g"))  # fmt: skip
+    assert failed.returncode == 2
+    assert failed.stderr.startswith("error:") and "Traceback" not in failed.stderr
+    assert not (tmp_path / "g").exists()
+    shutil.rmtree(tmp_path / "e")
