@@ -156,6 +156,127 @@ def out_console_line(text: str) -> None:
     out.print(text, highlight=False, markup=False)
 
 
+# ------------------------------------------------------------------------------- publish / repository
+RepositoryOption = Annotated[
+    str, typer.Option("--repository", "-r", envvar="TRITONSHIP_REPOSITORY", help="repository root, s3://bucket/prefix")
+]
+EndpointOption = Annotated[
+    str | None, typer.Option("--s3-endpoint", envvar="AWS_ENDPOINT_URL_S3", help="S3 endpoint URL (not AWS)")
+]
+
+
+def s3_settings(endpoint: str | None) -> Any:
+    from components.s3repo import S3Settings
+
+    settings = S3Settings.from_env()
+    return S3Settings(endpoint_url=endpoint or settings.endpoint_url, region=settings.region)
+
+
+@app.command("publish")
+@friendly_errors
+def publish_cmd(
+    folder: Annotated[Path, typer.Argument(help="the output folder of `tritonship compile`")],
+    repository: RepositoryOption,
+    run_id: Annotated[
+        str | None, typer.Option(help="source run id (default: KFP_RUN_ID, else from the content)")
+    ] = None,
+    s3_endpoint: EndpointOption = None,
+) -> None:
+    """Publish a compiled model folder as a new immutable candidate version (staging)."""
+    from components.publish import publish
+
+    with console.status("publishing"):
+        result = publish(folder, repository, run_id=run_id, s3=s3_settings(s3_endpoint))
+    verb = "already published as" if result.resumed else "published"
+    out_console_line(f"{verb} {result.model} version {result.version} -> {result.uri}")
+
+
+repo_app = typer.Typer(no_args_is_help=True, help="Inspect and maintain the S3 model repository.")
+app.add_typer(repo_app, name="repo")
+
+
+def _repository(repository: str, endpoint: str | None) -> Any:
+    from components.repository import ModelRepository
+
+    repo = ModelRepository(repository, s3_settings(endpoint))
+    repo.check_access()
+    return repo
+
+
+@repo_app.command("ls")
+@friendly_errors
+def repo_ls(repository: RepositoryOption, s3_endpoint: EndpointOption = None) -> None:
+    """Models with their promoted version and their candidates."""
+    from rich.table import Table
+
+    repo = _repository(repository, s3_endpoint)
+    table = Table("model", "promoted", "production versions", "candidates (staged)", "incomplete")
+    for model in repo.models():
+        config, _ = repo.desired_config(model)
+        promoted = ",".join(map(str, config.version_policy.specific.versions)) if config else "-"
+        table.add_row(
+            model,
+            promoted,
+            ", ".join(map(str, repo.versions(model, staged=False))) or "-",
+            ", ".join(map(str, repo.versions(model, staged=True))) or "-",
+            ", ".join(f"{v}{' (staged)' if s else ''}" for v, s in repo.incomplete_versions(model)) or "-",
+        )
+    out.print(table)
+
+
+@repo_app.command("verify")
+@friendly_errors
+def repo_verify(
+    repository: RepositoryOption,
+    model: Annotated[str | None, typer.Argument(help="one model (default: all)")] = None,
+    s3_endpoint: EndpointOption = None,
+) -> None:
+    """Re-check every file of every complete version against its manifest's SHA-256 and size."""
+    repo = _repository(repository, s3_endpoint)
+    problems, checked = [], 0
+    for name in [model] if model else repo.models():
+        for staged in (True, False):
+            for version in repo.versions(name, staged):
+                checked += 1
+                problems += repo.verify(name, version, staged)
+    for problem in problems:
+        out_console_line(f"MISMATCH {problem}")
+    out_console_line(f"verified {checked} versions: {len(problems)} problem(s)")
+    if problems:
+        raise typer.Exit(1)
+
+
+@repo_app.command("gc")
+@friendly_errors
+def repo_gc(
+    repository: RepositoryOption,
+    grace: Annotated[
+        float, typer.Option(help="seconds an incomplete version is left alone (a publish may be running)")
+    ] = 3600,
+    dry_run: Annotated[bool, typer.Option(help="only list what would be removed")] = False,
+    s3_endpoint: EndpointOption = None,
+) -> None:
+    """Remove version folders that have no manifest (interrupted publishes)."""
+    removed = _repository(repository, s3_endpoint).gc(grace, dry_run)
+    for uri in removed:
+        out_console_line(f"{'would remove' if dry_run else 'removed'} {uri}")
+    out_console_line(f"{len(removed)} incomplete version(s) {'found' if dry_run else 'removed'}")
+
+
+@repo_app.command("history")
+@friendly_errors
+def repo_history(model: str, repository: RepositoryOption, s3_endpoint: EndpointOption = None) -> None:
+    """Every recorded event of a model, oldest first."""
+    from rich.table import Table
+
+    table = Table("time", "event", "version", "run", "details")
+    for event in _repository(repository, s3_endpoint).history(model):
+        details = {k: v for k, v in event.items() if k not in ("time", "event", "version", "run_id", "model")}
+        table.add_row(event["time"], event["event"], str(event.get("version") or "-"), event.get("run_id", ""),
+                      json.dumps(details, sort_keys=True)[:120])  # fmt: skip
+    out.print(table)
+
+
 # -------------------------------------------------------------------------------------------- demo
 @app.command("demo")
 @friendly_errors

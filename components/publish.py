@@ -1,0 +1,88 @@
+"""Publish step: a compiled model folder becomes an immutable, manifest-sealed version in the S3 staging
+area, where only the gate server can see it.
+
+Re-running a publish of the same content with the same run id resumes the version it allocated
+(an interrupted publish ends in one complete version); other runs always get a new number.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from components import log, model_folder
+from components.model_config import validate_model_name
+from components.repository import Manifest, ModelRepository, content_digest, sha256_file, utc_now
+from components.s3repo import S3Settings
+
+LOG = log.get("publish")
+RESUME_WINDOW = 20  # how many recent allocations a re-run looks through for its own
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    model: str
+    version: int
+    uri: str
+    digest: str
+    run_id: str
+    resumed: bool
+
+
+def version_files(folder: model_folder.ModelFolder) -> dict[str, Path]:
+    """What goes into the version directory: the version's files plus its own config.pbtxt."""
+    files = {p.name: p for p in sorted(folder.version_dir.iterdir()) if p.is_file()}
+    files[model_folder.CONFIG_FILE] = folder.path / model_folder.CONFIG_FILE
+    return files
+
+
+def default_run_id(digest: str) -> str:
+    return os.environ.get("KFP_RUN_ID") or os.environ.get("TRITONSHIP_RUN_ID") or f"manual-{digest[:12]}"
+
+
+def publish(
+    folder_path: Path,
+    repository: str,
+    run_id: str | None = None,
+    s3: S3Settings | None = None,
+) -> PublishResult:
+    folder = model_folder.read(folder_path)  # refuses incomplete folders and configs that disagree with the signature
+    model = validate_model_name(folder.config.name)
+    files = version_files(folder)
+    entries = {rel: {"sha256": sha256_file(path), "size": path.stat().st_size} for rel, path in files.items()}
+    digest = content_digest(entries)
+    run_id = run_id or default_run_id(digest)
+    repo = ModelRepository(repository, s3)
+    repo.check_access()
+
+    version, resumed = _resume(repo, model, digest, run_id)
+    if version is not None and repo.manifest(model, version, staged=True) is not None:
+        log.event(LOG, "already published", model=model, version=version, run_id=run_id)
+        return PublishResult(model, version, repo.version_uri(model, version, True), digest, run_id, True)
+    if version is None:
+        version = repo.allocate_version(model, {"digest": digest, "run_id": run_id, "created": utc_now()})
+    manifest = Manifest(
+        model=model,
+        version=version,
+        files=entries,
+        digest=digest,
+        run_id=run_id,
+        created=utc_now(),
+        signature=folder.signature.to_dict(),
+        fingerprint=folder.fingerprint(),
+    )
+    repo.upload_version(files, manifest, staged=True)
+    uri = repo.version_uri(model, version, True)
+    repo.record(model, "published", version, run_id, digest=digest, uri=uri, files=len(entries))
+    log.event(LOG, "published", model=model, version=version, uri=uri, resumed=resumed)
+    return PublishResult(model, version, uri, digest, run_id, resumed)
+
+
+def _resume(repo: ModelRepository, model: str, digest: str, run_id: str) -> tuple[int | None, bool]:
+    """The version this run already allocated for this content, if any."""
+    for version in sorted(repo.allocated_versions(model), reverse=True)[:RESUME_WINDOW]:
+        owner = repo.allocation(model, version) or {}
+        if owner.get("digest") == digest and owner.get("run_id") == run_id:
+            return version, True
+    return None, False

@@ -1,0 +1,441 @@
+"""The S3 model repository: immutable versions, a manifest written last, staging, history, desired state.
+
+Layout under a repository root `s3://bucket/root` (DESIGN.md section 2):
+
+    root/models/<model>/config.pbtxt            desired state: version_policy pinned to the promoted version
+    root/models/<model>/<v>/...                 promoted versions (copied from staging), manifest.json last
+    root/staging/<model>__candidate/<v>/...     published candidates; only the gate server mounts staging/
+    root/versions/<model>/<v>                   allocation markers (conditional writes: one owner per number)
+    root/history/<model>/<time>-<id>.json       append-only events, one object each
+    root/leases/<model>.json                    the per-model release lease
+
+Production Tritons mount root/models, the gate mounts root/models and root/staging. A version
+directory without manifest.json does not exist for readers; `gc` removes it after a grace period.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import ClientError
+
+from components import log
+from components.errors import TritonshipError
+from components.model_config import CANDIDATE_SUFFIX, ModelConfig, parse_pbtxt, to_pbtxt
+from components.s3repo import S3_EXCEPTIONS, S3Error, S3Settings, explain, split_s3_uri
+
+LOG = log.get("repository")
+MANIFEST = "manifest.json"
+CONFIG = "config.pbtxt"
+PRODUCTION = "models"
+STAGING = "staging"
+# Multipart above 64 MiB, 8 parts in flight: what the benchmark in benchmarks/multipart.md measured.
+TRANSFER = TransferConfig(multipart_threshold=64 * 2**20, multipart_chunksize=64 * 2**20, max_concurrency=8)
+
+
+class RepositoryError(TritonshipError):
+    """The repository is missing, inconsistent or refused an operation."""
+
+
+class VersionConflict(RepositoryError):
+    """Someone else wrote the object first (a conditional write failed)."""
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def candidate_name(model: str) -> str:
+    return f"{model}{CANDIDATE_SUFFIX}"
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    model: str
+    version: int
+    files: dict[str, dict[str, Any]]  # relative path -> {"sha256", "size"}
+    digest: str  # over the files: identifies the content
+    run_id: str
+    created: str
+    signature: dict[str, Any] = field(default_factory=dict)
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    golden: str = "golden.npz"
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Manifest:
+        return cls(**json.loads(text))
+
+
+def content_digest(files: dict[str, dict[str, Any]]) -> str:
+    digest = hashlib.sha256()
+    for rel in sorted(files):
+        digest.update(f"{rel}\0{files[rel]['sha256']}\0{files[rel]['size']}\n".encode())
+    return digest.hexdigest()
+
+
+class ModelRepository:
+    """One repository root on S3."""
+
+    def __init__(self, uri: str, settings: S3Settings | None = None) -> None:
+        self.uri = uri.rstrip("/")
+        self.bucket, self.root = split_s3_uri(self.uri)
+        self.settings = settings or S3Settings.from_env()
+        self.s3 = self.settings.client()
+        self._conditional_writes_checked = False
+
+    # ------------------------------------------------------------------------------------ paths
+    def _key(self, *parts: str | int) -> str:
+        return "/".join(str(p).strip("/") for p in (self.root, *parts) if str(p).strip("/"))
+
+    def production_uri(self) -> str:
+        return f"s3://{self.bucket}/{self._key(PRODUCTION)}"
+
+    def staging_uri(self) -> str:
+        return f"s3://{self.bucket}/{self._key(STAGING)}"
+
+    def triton_repositories(self, gate: bool = False) -> list[str]:
+        """The --model-repository values for a production server (or the gate server)."""
+        prefixes = [PRODUCTION, STAGING] if gate else [PRODUCTION]
+        return [self.settings.triton_uri(self.bucket, self._key(p)) for p in prefixes]
+
+    def version_uri(self, model: str, version: int, staged: bool) -> str:
+        return f"s3://{self.bucket}/{self.version_prefix(model, version, staged)}"
+
+    def version_prefix(self, model: str, version: int, staged: bool) -> str:
+        if staged:
+            return self._key(STAGING, candidate_name(model), version) + "/"
+        return self._key(PRODUCTION, model, version) + "/"
+
+    # ---------------------------------------------------------------------------- S3 wrappers
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except S3_EXCEPTIONS as exc:
+            if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in (
+                "PreconditionFailed",
+                "ConditionalRequestConflict",
+            ):
+                raise VersionConflict(f"{what}: another writer got there first") from None
+            raise explain(exc, what, self.bucket) from None
+
+    def check_access(self) -> None:
+        """Fail early, with a sentence, if the bucket is missing or access is denied."""
+        try:
+            self.s3.head_bucket(Bucket=self.bucket)
+        except S3_EXCEPTIONS as exc:
+            if isinstance(exc, ClientError):
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if status == 404:
+                    raise S3Error(
+                        f"the bucket '{self.bucket}' does not exist; create it or fix the repository URI {self.uri}."
+                    ) from None
+                if status == 403:
+                    raise S3Error(
+                        f"S3 denied access to bucket '{self.bucket}'; check the credentials and the bucket policy."
+                    ) from None
+            raise explain(exc, "reach the bucket", self.bucket) from None
+
+    def _get(self, key: str) -> bytes | None:
+        try:
+            return self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except S3_EXCEPTIONS as exc:
+            if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise explain(exc, f"read s3://{self.bucket}/{key}", self.bucket) from None
+
+    def _put_new(self, key: str, body: bytes) -> None:
+        """Create `key` only if it does not exist (S3 conditional write)."""
+        self._call(
+            f"create s3://{self.bucket}/{key}",
+            self.s3.put_object,
+            Bucket=self.bucket,
+            Key=key,
+            Body=body,
+            IfNoneMatch="*",
+        )
+
+    def _list(self, prefix: str, delimiter: str | None = None) -> Iterator[dict[str, Any]]:
+        paginator = self.s3.get_paginator("list_objects_v2")
+        kwargs = {"Bucket": self.bucket, "Prefix": prefix}
+        if delimiter:
+            kwargs["Delimiter"] = delimiter
+        try:
+            for page in paginator.paginate(**kwargs):
+                yield from page.get("Contents", [])
+                for common in page.get("CommonPrefixes", []):
+                    yield {"Prefix": common["Prefix"]}
+        except S3_EXCEPTIONS as exc:
+            raise explain(exc, f"list s3://{self.bucket}/{prefix}", self.bucket) from None
+
+    def _children(self, prefix: str) -> list[str]:
+        return [e["Prefix"][len(prefix) :].rstrip("/") for e in self._list(prefix, "/") if "Prefix" in e]
+
+    def _delete_prefix(self, prefix: str) -> int:
+        keys = [{"Key": e["Key"]} for e in self._list(prefix) if "Key" in e]
+        for start in range(0, len(keys), 1000):
+            self._call(
+                "delete objects",
+                self.s3.delete_objects,
+                Bucket=self.bucket,
+                Delete={"Objects": keys[start : start + 1000]},
+            )
+        return len(keys)
+
+    # ------------------------------------------------------------------------ version numbers
+    def ensure_conditional_writes(self) -> None:
+        """Refuse to allocate versions on a server that ignores If-None-Match (it would race)."""
+        if self._conditional_writes_checked:
+            return
+        key = self._key("versions", ".probe", uuid.uuid4().hex)
+        self._put_new(key, b"probe")
+        try:
+            self._put_new(key, b"probe")
+        except VersionConflict:
+            self._conditional_writes_checked = True
+            return
+        finally:
+            self._call("delete probe", self.s3.delete_object, Bucket=self.bucket, Key=key)
+        raise RepositoryError(
+            f"the S3 server behind {self.uri} ignores conditional writes (If-None-Match); versions cannot be "
+            "allocated safely there. Use an S3 service that supports them (AWS S3 since 2024, MinIO, moto >= 5)."
+        )
+
+    def allocated_versions(self, model: str) -> dict[int, dict[str, Any]]:
+        prefix = self._key("versions", model) + "/"
+        out = {}
+        for entry in self._list(prefix):
+            name = entry.get("Key", "")[len(prefix) :]
+            if name.isdigit():
+                out[int(name)] = {"key": entry["Key"], "modified": entry["LastModified"]}
+        return out
+
+    def allocate_version(self, model: str, owner: dict[str, Any]) -> int:
+        """The next free version number for `model`, claimed with a conditional write."""
+        self.ensure_conditional_writes()
+        version = max(self.allocated_versions(model), default=0) + 1
+        for _ in range(1000):
+            try:
+                self._put_new(self._key("versions", model, version), json.dumps(owner).encode())
+                log.event(LOG, "version allocated", model=model, version=version)
+                return version
+            except VersionConflict:
+                version += 1
+        raise RepositoryError(f"could not allocate a version of '{model}' after 1000 attempts.")
+
+    def allocation(self, model: str, version: int) -> dict[str, Any] | None:
+        body = self._get(self._key("versions", model, version))
+        return json.loads(body) if body else None
+
+    # ----------------------------------------------------------------------------- manifests
+    def manifest(self, model: str, version: int, staged: bool) -> Manifest | None:
+        body = self._get(self.version_prefix(model, version, staged) + MANIFEST)
+        return Manifest.from_json(body) if body else None
+
+    def versions(self, model: str, staged: bool) -> list[int]:
+        """Complete versions (with a manifest), in order."""
+        folder = self._key(STAGING, candidate_name(model)) if staged else self._key(PRODUCTION, model)
+        found = []
+        for child in self._children(folder + "/"):
+            if child.isdigit() and self._exists(f"{folder}/{child}/{MANIFEST}"):
+                found.append(int(child))
+        return sorted(found)
+
+    def _exists(self, key: str) -> bool:
+        try:
+            self.s3.head_object(Bucket=self.bucket, Key=key)
+            return True
+        except S3_EXCEPTIONS as exc:
+            if isinstance(exc, ClientError) and exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+                return False
+            raise explain(exc, f"read s3://{self.bucket}/{key}", self.bucket) from None
+
+    def upload_version(self, files: dict[str, Path], manifest: Manifest, staged: bool = True) -> None:
+        """Upload `files` (version-relative name -> local path), then the manifest: the version exists only
+        after that last write."""
+        prefix = self.version_prefix(manifest.model, manifest.version, staged)
+
+        def upload(item: tuple[str, Path]) -> None:
+            rel, path = item
+            self._call(f"upload {rel}", self.s3.upload_file, str(path), self.bucket, prefix + rel, Config=TRANSFER)
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(upload, sorted(files.items())))
+        try:
+            self._put_new(prefix + MANIFEST, manifest.to_json().encode())
+        except VersionConflict:
+            existing = self.manifest(manifest.model, manifest.version, staged)
+            if existing is None or existing.digest != manifest.digest:
+                raise RepositoryError(
+                    f"version {manifest.version} of '{manifest.model}' was completed by another writer with other content."
+                ) from None
+
+    def verify(self, model: str, version: int, staged: bool) -> list[str]:
+        """Re-download every file of a version and compare with its manifest; returns the problems."""
+        manifest = self.manifest(model, version, staged)
+        if manifest is None:
+            return [f"{model} v{version}: no manifest (incomplete version)"]
+        prefix = self.version_prefix(model, version, staged)
+        problems = []
+        for rel, meta in sorted(manifest.files.items()):
+            digest, size = hashlib.sha256(), 0
+            try:
+                body = self.s3.get_object(Bucket=self.bucket, Key=prefix + rel)["Body"]
+                for chunk in iter(lambda body=body: body.read(1 << 20), b""):
+                    digest.update(chunk)
+                    size += len(chunk)
+            except S3_EXCEPTIONS as exc:
+                if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    problems.append(f"{model} v{version}: {rel} is missing")
+                    continue
+                raise explain(exc, f"read {prefix + rel}", self.bucket) from None
+            if size != meta["size"] or digest.hexdigest() != meta["sha256"]:
+                problems.append(f"{model} v{version}: {rel} does not match its manifest (sha256 or size differ)")
+        return problems
+
+    def download_version(self, model: str, version: int, staged: bool, dest: Path) -> Manifest:
+        manifest = self.manifest(model, version, staged)
+        if manifest is None:
+            raise RepositoryError(f"version {version} of '{model}' does not exist (no manifest).")
+        prefix = self.version_prefix(model, version, staged)
+        for rel in manifest.files:
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            self._call(
+                f"download {rel}", self.s3.download_file, self.bucket, prefix + rel, str(dest / rel), Config=TRANSFER
+            )
+            if sha256_file(dest / rel) != manifest.files[rel]["sha256"]:
+                raise RepositoryError(f"{prefix + rel} does not match its manifest; run `tritonship repo verify`.")
+        return manifest
+
+    def read_version_file(self, model: str, version: int, staged: bool, rel: str) -> bytes:
+        body = self._get(self.version_prefix(model, version, staged) + rel)
+        if body is None:
+            raise RepositoryError(f"{model} v{version} has no {rel}.")
+        return body
+
+    # -------------------------------------------------------------------- promotion support
+    def copy_to_production(self, model: str, version: int) -> Manifest:
+        """Server-side copy of a staged candidate into the production folder, manifest re-verified, manifest last."""
+        problems = self.verify(model, version, staged=True)
+        if problems:
+            raise RepositoryError(f"the staged candidate fails verification: {'; '.join(problems)}.")
+        manifest = self.manifest(model, version, staged=True)
+        assert manifest is not None
+        source, target = self.version_prefix(model, version, True), self.version_prefix(model, version, False)
+        existing = self.manifest(model, version, staged=False)
+        if existing is not None:
+            if existing.digest != manifest.digest:
+                raise RepositoryError(f"production already has a different version {version} of '{model}'.")
+            return existing
+        for rel in manifest.files:
+            self._call(
+                f"copy {rel}",
+                self.s3.copy,
+                {"Bucket": self.bucket, "Key": source + rel},
+                self.bucket,
+                target + rel,
+                Config=TRANSFER,
+            )
+        self._put_new(target + MANIFEST, manifest.to_json().encode())
+        return manifest
+
+    def desired_config(self, model: str) -> tuple[ModelConfig | None, str | None]:
+        """The production config.pbtxt (desired state) and its ETag, or (None, None) before the first release."""
+        key = self._key(PRODUCTION, model, CONFIG)
+        try:
+            response = self.s3.get_object(Bucket=self.bucket, Key=key)
+        except S3_EXCEPTIONS as exc:
+            if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None, None
+            raise explain(exc, f"read s3://{self.bucket}/{key}", self.bucket) from None
+        return parse_pbtxt(response["Body"].read().decode(), f"s3://{self.bucket}/{key}"), response["ETag"]
+
+    def write_desired_config(self, model: str, config: ModelConfig, expected_etag: str | None) -> str:
+        """Replace config.pbtxt atomically, only if it is still the one read (ETag), or create it if none was."""
+        key = self._key(PRODUCTION, model, CONFIG)
+        condition = {"IfMatch": expected_etag} if expected_etag else {"IfNoneMatch": "*"}
+        response = self._call(
+            f"write s3://{self.bucket}/{key}",
+            self.s3.put_object,
+            Bucket=self.bucket,
+            Key=key,
+            Body=to_pbtxt(config).encode(),
+            **condition,
+        )
+        return response["ETag"]
+
+    # ------------------------------------------------------------------------------- history
+    def record(self, model: str, event: str, version: int | None = None, run_id: str = "", **details: Any) -> str:
+        """Append one event: its own object, never a read-modify-write."""
+        now = utc_now()
+        stamp = now.replace("-", "").replace(":", "")
+        key = self._key("history", model, f"{stamp}-{uuid.uuid4().hex[:8]}-{event}.json")
+        body = {"time": now, "model": model, "event": event, "version": version, "run_id": run_id, **details}
+        self._put_new(key, json.dumps(body, sort_keys=True, default=str).encode())
+        return key
+
+    def history(self, model: str) -> list[dict[str, Any]]:
+        prefix = self._key("history", model) + "/"
+        keys = sorted(e["Key"] for e in self._list(prefix) if "Key" in e)
+        return [json.loads(self._get(k) or b"{}") for k in keys]
+
+    # ---------------------------------------------------------------------------- listing / gc
+    def models(self) -> list[str]:
+        names = set(self._children(self._key(PRODUCTION) + "/"))
+        names |= {
+            c.removesuffix(CANDIDATE_SUFFIX)
+            for c in self._children(self._key(STAGING) + "/")
+            if c.endswith(CANDIDATE_SUFFIX)
+        }
+        return sorted(n for n in names if not n.startswith("."))
+
+    def incomplete_versions(self, model: str) -> list[tuple[int, bool]]:
+        """(version, staged) of version folders that have files but no manifest."""
+        out = []
+        for staged, folder in (
+            (True, self._key(STAGING, candidate_name(model))),
+            (False, self._key(PRODUCTION, model)),
+        ):
+            for child in self._children(folder + "/"):
+                if child.isdigit() and not self._exists(f"{folder}/{child}/{MANIFEST}"):
+                    out.append((int(child), staged))
+        return sorted(out)
+
+    def gc(self, grace_seconds: float = 3600.0, dry_run: bool = False) -> list[str]:
+        """Remove version folders without a manifest whose allocation is older than the grace period."""
+        removed = []
+        for model in self.models():
+            allocations = self.allocated_versions(model)
+            for version, staged in self.incomplete_versions(model):
+                allocated = allocations.get(version)
+                age = time.time() - allocated["modified"].timestamp() if allocated else float("inf")
+                if age < grace_seconds:
+                    continue  # a publish may still be writing it
+                prefix = self.version_prefix(model, version, staged)
+                if not dry_run:
+                    self._delete_prefix(prefix)
+                removed.append(f"s3://{self.bucket}/{prefix}")
+        return removed
+
+    def delete_staged(self, model: str, version: int) -> None:
+        self._delete_prefix(self.version_prefix(model, version, staged=True))
