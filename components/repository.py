@@ -384,6 +384,15 @@ class ModelRepository:
         )
         return response["ETag"]
 
+    def delete_desired_config(self, model: str) -> None:
+        """Back to "never released": production servers will not load the model after a restart."""
+        self._call(
+            "delete the desired config",
+            self.s3.delete_object,
+            Bucket=self.bucket,
+            Key=self._key(PRODUCTION, model, CONFIG),
+        )
+
     # ------------------------------------------------------------------------------- history
     def record(self, model: str, event: str, version: int | None = None, run_id: str = "", **details: Any) -> str:
         """Append one event: its own object, never a read-modify-write."""

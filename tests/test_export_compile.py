@@ -14,15 +14,9 @@ import pytest
 import torch
 
 from components import model_config, model_folder
-from components.compile import (
-    CompileError,
-    ParityError,
-    Tolerance,
-    compare,
-    compile_model,
-    tensorrt_compile_settings,
-)
+from components.compile import CompileError, ParityError, compile_model, tensorrt_compile_settings
 from components.export import ExportError, export
+from components.parity import Tolerance, compare
 from components.signature import Signature, SignatureError
 from components.triton_admin import TritonAdmin
 from tests.models import MLP, MLP_SIGNATURE, MODELS, RECOMMENDER_SIGNATURE, upload_folder, write_signature

@@ -1,0 +1,285 @@
+"""Gate step: measure the candidate against the stable version on the gate server and decide.
+
+Candidate and stable are measured alternately (stable, candidate, candidate, stable, ...) in several
+rounds with perf_analyzer at the configured load, using the golden inputs as request data. Each
+round gives a paired ratio candidate/stable, which cancels slow drift of the machine; the decision
+uses the median ratio over the rounds.
+
+Verdicts (fail closed: only `pass` promotes):
+- fail: the accuracy check failed, an absolute limit or a relative limit is exceeded, perf_analyzer
+  is missing or crashed, the gate server is unreachable, the candidate is not loaded;
+- inconclusive: a measurement did not stabilise, the rounds disagree more than the noise limit, the
+  stable version could not be measured, or no limit applies at all;
+- pass: every limit that applies is met by measurements that all succeeded.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from components import log, model_config, perf
+from components.errors import TritonshipError
+from components.repository import ModelRepository, candidate_name
+from components.s3repo import S3Settings
+from components.stage import CandidateVersion, StageResult, read_candidate
+from components.tools import find_perf_analyzer
+from components.triton_admin import TritonAdmin, TritonError
+
+LOG = log.get("gate")
+Verdict = Literal["pass", "fail", "inconclusive"]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    max_p99_ms: float | None = None  # absolute: candidate p99 latency at the gate load
+    min_throughput: float | None = None  # absolute: candidate inferences/s at the gate load
+    max_p99_regression_pct: float | None = 10.0  # relative to stable
+    max_throughput_regression_pct: float | None = 10.0  # relative to stable
+
+    @property
+    def relative(self) -> bool:
+        return self.max_p99_regression_pct is not None or self.max_throughput_regression_pct is not None
+
+    @property
+    def absolute(self) -> bool:
+        return self.max_p99_ms is not None or self.min_throughput is not None
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    load: perf.LoadSettings = field(default_factory=perf.LoadSettings)
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    rounds: int = 3
+    max_noise_pct: float = 20.0  # rounds whose candidate/stable ratios spread wider than this are inconclusive
+    perf_timeout_s: float = 300.0
+
+
+@dataclass
+class Figures:
+    """One model's measurements over the rounds (latencies in ms)."""
+
+    throughput: list[float] = field(default_factory=list)
+    p50_ms: list[float] = field(default_factory=list)
+    p99_ms: list[float] = field(default_factory=list)
+
+    def add(self, point: perf.LoadPoint) -> None:
+        self.throughput.append(point.throughput)
+        self.p50_ms.append(point.p50_us / 1000)
+        self.p99_ms.append(point.p99_us / 1000)
+
+    def median(self) -> dict[str, float | None]:
+        return {
+            k: (statistics.median(v) if v else None)
+            for k, v in (("throughput", self.throughput), ("p50_ms", self.p50_ms), ("p99_ms", self.p99_ms))
+        }
+
+
+@dataclass
+class GateResult:
+    model: str
+    version: int
+    stable_version: int | None
+    verdict: Verdict
+    reasons: list[str]
+    candidate: Figures = field(default_factory=Figures)
+    stable: Figures = field(default_factory=Figures)
+    p99_regression_pct: float | None = None
+    throughput_regression_pct: float | None = None
+    noise_pct: float | None = None
+    measurement_seconds: float = 0.0
+    settings: dict[str, Any] = field(default_factory=dict)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["candidate_median"] = self.candidate.median()
+        data["stable_median"] = self.stable.median()
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+
+def evaluate(result: GateResult, settings: GateSettings) -> None:
+    """Fill in verdict, reasons and the relative figures from the measurements."""
+    t = settings.thresholds
+    fails: list[str] = []
+    doubts: list[str] = []
+    cand = result.candidate.median()
+    if t.max_p99_ms is not None and cand["p99_ms"] is not None and cand["p99_ms"] > t.max_p99_ms:
+        fails.append(f"candidate p99 {cand['p99_ms']:.2f} ms exceeds the limit of {t.max_p99_ms:g} ms")
+    if t.min_throughput is not None and cand["throughput"] is not None and cand["throughput"] < t.min_throughput:
+        fails.append(f"candidate throughput {cand['throughput']:.0f}/s is below the limit of {t.min_throughput:g}/s")
+    if result.stable_version is not None and t.relative and result.stable.throughput:
+        p99_ratios = [c / s for c, s in zip(result.candidate.p99_ms, result.stable.p99_ms, strict=True)]
+        tp_ratios = [c / s for c, s in zip(result.candidate.throughput, result.stable.throughput, strict=True)]
+        result.p99_regression_pct = (statistics.median(p99_ratios) - 1) * 100
+        result.throughput_regression_pct = (1 - statistics.median(tp_ratios)) * 100
+        result.noise_pct = max(max(p99_ratios) - min(p99_ratios), max(tp_ratios) - min(tp_ratios)) * 100
+        if t.max_p99_regression_pct is not None and result.p99_regression_pct > t.max_p99_regression_pct:
+            fails.append(
+                f"p99 latency regressed {result.p99_regression_pct:+.1f}% against stable v{result.stable_version} "
+                f"(limit {t.max_p99_regression_pct:g}%)"
+            )
+        if (
+            t.max_throughput_regression_pct is not None
+            and result.throughput_regression_pct > t.max_throughput_regression_pct
+        ):
+            fails.append(
+                f"throughput dropped {result.throughput_regression_pct:.1f}% against stable v{result.stable_version} "
+                f"(limit {t.max_throughput_regression_pct:g}%)"
+            )
+        if result.noise_pct > settings.max_noise_pct:
+            doubts.append(
+                f"the rounds disagree by {result.noise_pct:.0f}% (limit {settings.max_noise_pct:g}%): "
+                "the measurement is too noisy to decide"
+            )
+    if not t.absolute and not (t.relative and result.stable_version is not None):
+        doubts.append("no limit applies (first release without absolute limits): nothing to judge the candidate by")
+    if fails:
+        result.verdict, result.reasons = "fail", fails + result.reasons
+    elif doubts or result.reasons:
+        result.verdict, result.reasons = "inconclusive", doubts + result.reasons
+    else:
+        result.verdict = "pass"
+        result.reasons = ["every limit that applies is met"]
+
+
+def _failed(result: GateResult, reason: str) -> GateResult:
+    result.verdict, result.reasons = "fail", [reason]
+    return result
+
+
+def gate(
+    repository: str,
+    model: str,
+    version: int,
+    gate_url: str,
+    settings: GateSettings | None = None,
+    stage_result: StageResult | None = None,
+    out_dir: Path | None = None,
+    s3: S3Settings | None = None,
+    run_id: str = "",
+) -> GateResult:
+    """The gate step. Never raises for a measurement problem: it becomes the verdict."""
+    settings = settings or GateSettings()
+    repo = ModelRepository(repository, s3)
+    desired, _ = repo.desired_config(model)
+    stable_version = desired.version_policy.specific.versions[0] if desired else None
+    result = GateResult(model, version, stable_version, "inconclusive", [], settings=_settings_dict(settings))
+    try:
+        _measure(repo, result, settings, stage_result, desired, gate_url, out_dir)
+    except TritonshipError as exc:
+        _failed(result, str(exc))
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "verdict.json").write_text(result.to_json())
+        from components import report
+
+        report.write(result, out_dir)
+    repo.record(
+        model, "gate", version, run_id, verdict=result.verdict, reasons=result.reasons,
+        stable_version=stable_version, candidate_median=result.candidate.median(), stable_median=result.stable.median(),
+        p99_regression_pct=result.p99_regression_pct, throughput_regression_pct=result.throughput_regression_pct,
+    )  # fmt: skip
+    log.event(LOG, "verdict", model=model, version=version, verdict=result.verdict, reasons="; ".join(result.reasons))
+    return result
+
+
+def _measure(
+    repo: ModelRepository,
+    result: GateResult,
+    settings: GateSettings,
+    stage_result: StageResult | None,
+    desired: model_config.ModelConfig | None,
+    gate_url: str,
+    out_dir: Path | None,
+) -> None:
+    if stage_result is not None and not stage_result.accuracy_passed:
+        failed = [r.name for r in stage_result.accuracy if not r.passed]
+        _failed(
+            result,
+            f"the accuracy check failed for output(s) {', '.join(failed)}: the candidate answers differ from the golden outputs",
+        )
+        return
+    find_perf_analyzer()  # raises a plain error if it is missing
+    candidate = read_candidate(repo, result.model, result.version)
+    cand_name = candidate_name(result.model)
+    with TritonAdmin(gate_url) as admin:
+        admin.ensure_live()
+        if not admin.is_ready(cand_name, result.version):
+            _failed(
+                result,
+                f"the candidate {cand_name} v{result.version} is not loaded on the gate server {admin.url}; run the stage step first",
+            )
+            return
+        targets = [(cand_name, str(result.version), result.candidate)]
+        if desired is not None and settings.thresholds.relative:
+            try:
+                admin.load(result.model, desired)
+                admin.wait_ready(result.model, result.stable_version or "")
+                targets.append((result.model, str(result.stable_version), result.stable))
+            except TritonError as exc:
+                result.reasons.append(f"the stable version could not be loaded on the gate server: {exc}")
+                return
+        try:
+            _rounds(admin.url, candidate, targets, settings, result, out_dir)
+        finally:
+            if len(targets) > 1:
+                admin.unload(result.model)
+    if not result.reasons:
+        evaluate(result, settings)
+    elif any("exited" in r or "unreachable" in r or "no valid requests" in r for r in result.reasons):
+        result.verdict = "fail"
+    else:
+        result.verdict = "inconclusive"
+
+
+def _rounds(
+    url: str,
+    candidate: CandidateVersion,
+    targets: list[tuple[str, str, Figures]],
+    settings: GateSettings,
+    result: GateResult,
+    out_dir: Path | None,
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="tritonship-gate-") as tmp:
+        data = perf.write_input_data(
+            candidate.golden_inputs, Path(tmp) / "input.json", batched=candidate.config.max_batch_size > 0
+        )
+        for round_index in range(settings.rounds):
+            order = targets if round_index % 2 == 0 else list(reversed(targets))
+            for name, version, figures in order:
+                run = perf.measure(url, name, data, settings.load, version=version, timeout=settings.perf_timeout_s)
+                result.measurement_seconds += run.seconds
+                result.runs.append(
+                    {"round": round_index, **{k: v for k, v in run.to_dict().items() if k != "csv_text"}}
+                )
+                if out_dir is not None and run.csv_text:
+                    raw = out_dir / "raw"
+                    raw.mkdir(parents=True, exist_ok=True)
+                    (raw / f"{name}-v{version}-round{round_index}.csv").write_text(run.csv_text)
+                if not run.ok:
+                    result.reasons.append(
+                        f"perf_analyzer on {name} v{version} (round {round_index + 1}) {_exit_words(run)}: {run.reason}"
+                    )
+                    return
+                figures.add(run.points[0])
+
+
+def _exit_words(run: perf.PerfRun) -> str:
+    return "did not stabilise" if run.exit_code == 2 else f"exited {run.exit_code}"
+
+
+def _settings_dict(settings: GateSettings) -> dict[str, Any]:
+    return {
+        "load": asdict(settings.load),
+        "thresholds": asdict(settings.thresholds),
+        "rounds": settings.rounds,
+        "max_noise_pct": settings.max_noise_pct,
+    }

@@ -1,0 +1,180 @@
+"""Promote and reject steps.
+
+Promote (only on a `pass` verdict):
+1. copy the staged candidate into the production folder server-side (manifest re-verified);
+2. write the new desired state: config.pbtxt pinned to the new version, replaced atomically only if
+   it is still the config this promotion read (ETag);
+3. reload the production replicas one at a time with that config through the load API, wait until
+   the new version is ready, send a smoke inference (unversioned, as clients do) and check that the
+   new version answered correctly; then the next replica;
+4. if any replica fails: write the previous desired state back, reload every replica to it, fail;
+5. unload the candidate from the gate server.
+
+Triton swaps a model's versions without failing requests when it is reloaded with a config override
+(DESIGN.md section 5): the old version serves until the new one is ready.
+
+Reject: unload the candidate from the gate, leave production untouched, record the verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from components import log, model_config
+from components.errors import TritonshipError
+from components.parity import parity_table
+from components.replicas import Replica
+from components.repository import ModelRepository, candidate_name
+from components.s3repo import S3Settings
+from components.stage import CandidateVersion, read_candidate, served_accuracy
+from components.triton_admin import TritonAdmin
+
+LOG = log.get("promote")
+Progress = Callable[[str, Replica], None]
+
+
+class PromotionError(TritonshipError):
+    """The promotion failed; the previous version was restored where possible."""
+
+    exit_code = 1
+
+
+@dataclass
+class PromoteResult:
+    model: str
+    version: int
+    previous_version: int | None
+    replicas: list[str]
+    promoted: bool
+    reverted: bool = False
+    problems: list[str] = field(default_factory=list)
+
+
+def _switch(admin: TritonAdmin, candidate: CandidateVersion, config: model_config.ModelConfig, version: int) -> None:
+    """Reload one replica to `config`, wait for `version`, check an unversioned answer comes from it and is right."""
+    admin.load(candidate.model, config)
+    admin.wait_ready(candidate.model, version)
+    first = {k: v[:1] for k, v in candidate.golden_inputs.items()}
+    served = admin.served_version(candidate.model, first, candidate.output_names)
+    if served != version:
+        raise PromotionError(f"{admin.url} answered an unversioned request with v{served}, expected v{version}.")
+    accuracy = served_accuracy(admin, candidate.model, candidate, version)
+    if not all(r.passed for r in accuracy):
+        raise PromotionError(f"{admin.url} serves v{version} with wrong answers:\n{parity_table(accuracy)}")
+
+
+def promote(
+    repository: str,
+    model: str,
+    version: int,
+    replicas: list[Replica],
+    verdict: str,
+    gate_url: str | None = None,
+    settings: model_config.ServingSettings | None = None,
+    s3: S3Settings | None = None,
+    run_id: str = "",
+    progress: Progress | None = None,
+    load_timeout: float = 300.0,
+) -> PromoteResult:
+    if verdict != "pass":
+        raise PromotionError(f"the gate verdict is '{verdict}', not 'pass': nothing is promoted.")
+    if not replicas:
+        raise PromotionError("no production replicas were given; nothing would serve the new version.")
+    repo = ModelRepository(repository, s3)
+    candidate = read_candidate(repo, model, version)
+    previous, etag = repo.desired_config(model)
+    previous_version = previous.version_policy.specific.versions[0] if previous else None
+    admins = [TritonAdmin(r.url, load_timeout=load_timeout) for r in replicas]
+    for admin in admins:
+        admin.ensure_live()  # before anything changes: an unreachable replica stops the promotion here
+
+    repo.copy_to_production(model, version)
+    config = model_config.pin_version(candidate.config, version)
+    if settings is not None:
+        config = model_config.with_settings(config, settings)
+    new_etag = repo.write_desired_config(model, config, etag)
+    result = PromoteResult(model, version, previous_version, [r.url for r in replicas], promoted=False)
+    try:
+        for replica, admin in zip(replicas, admins, strict=True):
+            if progress:
+                progress("switching", replica)
+            _switch(admin, candidate, config, version)
+            log.event(LOG, "replica switched", replica=replica.name, version=version)
+            if progress:
+                progress("switched", replica)
+    except TritonshipError as exc:
+        result.problems.append(str(exc))
+        _revert(repo, candidate, admins, previous, new_etag, result)
+        repo.record(model, "reverted", version, run_id, previous_version=previous_version, problems=result.problems)
+        raise PromotionError(
+            f"promotion of {model} v{version} failed and was reverted to "
+            f"{'v' + str(previous_version) if previous_version else 'no version'}: {'; '.join(result.problems)}"
+        ) from None
+    finally:
+        for admin in admins:
+            admin.close()
+    result.promoted = True
+    repo.record(model, "promoted", version, run_id, previous_version=previous_version, replicas=result.replicas)
+    if gate_url:
+        unload_candidate(gate_url, model)
+    log.event(LOG, "promoted", model=model, version=version, previous=previous_version, replicas=len(replicas))
+    return result
+
+
+def _revert(
+    repo: ModelRepository,
+    candidate: CandidateVersion,
+    admins: list[TritonAdmin],
+    previous: model_config.ModelConfig | None,
+    new_etag: str,
+    result: PromoteResult,
+) -> None:
+    """Desired state first (so restarted pods come up right), then every replica that answers."""
+    model = candidate.model
+    if previous is not None:
+        repo.write_desired_config(model, previous, new_etag)
+    else:
+        repo.delete_desired_config(model)
+    for admin in admins:
+        try:
+            if previous is not None:
+                admin.load(model, previous)
+                admin.wait_ready(model, previous.version_policy.specific.versions[0])
+            else:
+                admin.unload(model)
+        except TritonshipError as exc:
+            result.problems.append(f"revert of {admin.url}: {exc}")
+    result.reverted = True
+    log.event(LOG, "reverted", model=model, version=candidate.version, level=30)
+
+
+def unload_candidate(gate_url: str, model: str) -> bool:
+    """Unload `<model>__candidate` from the gate server; False if it was not loaded or the gate is gone."""
+    name = candidate_name(model)
+    with TritonAdmin(gate_url, timeout=10, retries=1) as gate:
+        try:
+            if not gate.is_ready(name):
+                return False
+            gate.unload(name)
+            return True
+        except TritonshipError as exc:
+            log.event(LOG, "candidate not unloaded", gate=gate_url, reason=str(exc), level=30)
+            return False
+
+
+def reject(
+    repository: str,
+    model: str,
+    version: int,
+    verdict: str,
+    reasons: list[str],
+    gate_url: str | None = None,
+    s3: S3Settings | None = None,
+    run_id: str = "",
+) -> None:
+    """Production is left as it is; the candidate leaves the gate; the rejection goes into the history."""
+    repo = ModelRepository(repository, s3)
+    unloaded = unload_candidate(gate_url, model) if gate_url else False
+    repo.record(model, "rejected", version, run_id, verdict=verdict, reasons=reasons, candidate_unloaded=unloaded)
+    log.event(LOG, "rejected", model=model, version=version, verdict=verdict)

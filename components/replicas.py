@@ -1,0 +1,106 @@
+"""Which Triton servers to talk to: a list of URLs, or Kubernetes pods found through the kubernetes client.
+
+    --replicas 10.0.0.5:8000,10.0.0.6:8000
+    --replicas k8s://triton/app.kubernetes.io/component=production     (namespace/label-selector)
+
+Only pods that are Running, Ready and not being deleted count; the HTTP port is the container port
+named `http` (else 8000).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from components import log
+from components.errors import TritonshipError
+
+LOG = log.get("replicas")
+K8S_SCHEME = "k8s://"
+DEFAULT_HTTP_PORT = 8000
+
+
+class ReplicaError(TritonshipError):
+    """The replicas could not be found."""
+
+
+@dataclass(frozen=True)
+class Replica:
+    name: str
+    url: str  # host:port of Triton's HTTP endpoint
+
+
+def parse_urls(spec: str) -> list[Replica]:
+    urls = [u.strip().removeprefix("http://").rstrip("/") for u in spec.split(",") if u.strip()]
+    return [Replica(url, url) for url in urls]
+
+
+def resolve(spec: str, api: Any = None) -> list[Replica]:
+    """Replicas from `host:port,...` or `k8s://namespace/label-selector`."""
+    if spec.startswith(K8S_SCHEME):
+        namespace, _, selector = spec[len(K8S_SCHEME) :].partition("/")
+        if not namespace or not selector:
+            raise ReplicaError(f"{spec!r}: write Kubernetes replicas as k8s://<namespace>/<label-selector>.")
+        replicas = discover_pods(namespace, selector, api)
+        if not replicas:
+            raise ReplicaError(f"no Ready Triton pods match '{selector}' in namespace '{namespace}'.")
+        return replicas
+    replicas = parse_urls(spec)
+    if not replicas:
+        raise ReplicaError("no replicas were given; pass host:port[,host:port...] or k8s://namespace/selector.")
+    return replicas
+
+
+def kubernetes_api() -> Any:
+    """CoreV1Api with the in-cluster config (a pipeline step's service account), else the local kubeconfig."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        try:
+            config.load_kube_config()
+        except (config.ConfigException, FileNotFoundError, TypeError) as exc:
+            raise ReplicaError(f"no Kubernetes configuration was found (in-cluster or kubeconfig): {exc}.") from None
+    return client.CoreV1Api()
+
+
+def discover_pods(namespace: str, selector: str, api: Any = None) -> list[Replica]:
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    api = api or kubernetes_api()
+    try:
+        pods = api.list_namespaced_pod(namespace, label_selector=selector, _request_timeout=10).items
+    except ApiException as exc:
+        if exc.status == 403:
+            raise ReplicaError(
+                f"the service account may not list pods in namespace '{namespace}'; apply manifests/rbac/."
+            ) from None
+        raise ReplicaError(f"listing pods in '{namespace}' failed: {exc.status} {exc.reason}.") from None
+    except HTTPError as exc:
+        raise ReplicaError(f"the Kubernetes API could not be reached: {type(exc).__name__}.") from None
+    replicas = []
+    for pod in sorted(pods, key=lambda p: p.metadata.name):
+        if not is_ready(pod):
+            log.event(
+                LOG, "pod skipped (not ready)", pod=pod.metadata.name, phase=pod.status.phase if pod.status else None
+            )
+            continue
+        replicas.append(Replica(pod.metadata.name, f"{pod.status.pod_ip}:{http_port(pod)}"))
+    return replicas
+
+
+def is_ready(pod: Any) -> bool:
+    status = pod.status
+    if pod.metadata.deletion_timestamp is not None or status is None or status.phase != "Running" or not status.pod_ip:
+        return False
+    return any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
+
+
+def http_port(pod: Any) -> int:
+    for container in pod.spec.containers:
+        for port in container.ports or []:
+            if port.name == "http":
+                return int(port.container_port)
+    return DEFAULT_HTTP_PORT

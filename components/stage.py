@@ -1,0 +1,129 @@
+"""Stage step: load the candidate DARK on the gate server and check its answers against the golden outputs.
+
+The candidate is loaded from the staging prefix under its own name (`<model>__candidate`), which only
+the gate server mounts, so no production server can route a request to it. The load uses a config
+override pinned to the candidate version: the staging folder needs no config.pbtxt of its own.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from components import log, model_config
+from components.errors import TritonshipError
+from components.parity import OutputParity, Tolerance, compare, parity_table
+from components.repository import ModelRepository, candidate_name
+from components.s3repo import S3Settings
+from components.signature import Signature
+from components.triton_admin import TritonAdmin
+
+LOG = log.get("stage")
+
+
+class StageError(TritonshipError):
+    """The candidate could not be staged."""
+
+
+@dataclass
+class StageResult:
+    model: str
+    version: int
+    candidate: str
+    gate_url: str
+    accuracy_passed: bool
+    accuracy: list[OutputParity] = field(default_factory=list)
+    load_seconds: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> StageResult:
+        data = json.loads(text)
+        data["accuracy"] = [OutputParity(**row) for row in data["accuracy"]]
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class CandidateVersion:
+    """What the gate and promotion need to know about a staged version, read once from S3."""
+
+    model: str
+    version: int
+    config: model_config.ModelConfig  # the version's own config.pbtxt (production name)
+    signature: Signature
+    golden_inputs: dict[str, np.ndarray]
+    golden_outputs: dict[str, np.ndarray]
+    tolerance: Tolerance
+
+    @property
+    def output_names(self) -> list[str]:
+        return [s.name for s in self.signature.outputs]
+
+    def candidate_config(self) -> model_config.ModelConfig:
+        return model_config.pin_version(model_config.renamed(self.config, candidate_name(self.model)), self.version)
+
+
+def read_candidate(repo: ModelRepository, model: str, version: int) -> CandidateVersion:
+    manifest = repo.manifest(model, version, staged=True)
+    if manifest is None:
+        raise StageError(f"version {version} of '{model}' is not published in {repo.staging_uri()} (no manifest).")
+    config = model_config.parse_pbtxt(repo.read_version_file(model, version, True, "config.pbtxt").decode())
+    with np.load(io.BytesIO(repo.read_version_file(model, version, True, manifest.golden)), allow_pickle=False) as data:
+        inputs = {k[3:]: data[k] for k in data.files if k.startswith("in:")}
+        outputs = {k[4:]: data[k] for k in data.files if k.startswith("out:")}
+    tolerance_fields = manifest.fingerprint.get("tolerance")
+    tolerance = Tolerance(**tolerance_fields) if tolerance_fields else Tolerance.for_precision("fp32")
+    signature = Signature.from_dict(manifest.signature)
+    return CandidateVersion(model, version, config, signature, inputs, outputs, tolerance)
+
+
+def served_accuracy(
+    admin: TritonAdmin, name: str, candidate: CandidateVersion, version: int | str = ""
+) -> list[OutputParity]:
+    """Send the golden inputs to `name` on a server and compare its answers with the golden outputs."""
+    answer = admin.infer_in_batches(
+        name, candidate.golden_inputs, candidate.output_names, candidate.config.max_batch_size, version
+    )
+    return [
+        compare(n, answer[n], candidate.golden_outputs[n], candidate.tolerance, "served")
+        for n in candidate.output_names
+    ]
+
+
+def stage(
+    repository: str,
+    model: str,
+    version: int,
+    gate_url: str,
+    s3: S3Settings | None = None,
+    tolerance: Tolerance | None = None,
+    run_id: str = "",
+    load_timeout: float = 300.0,
+) -> StageResult:
+    repo = ModelRepository(repository, s3)
+    candidate = read_candidate(repo, model, version)
+    if tolerance is not None:
+        candidate = CandidateVersion(**{**candidate.__dict__, "tolerance": tolerance})
+    name = candidate_name(model)
+    with TritonAdmin(gate_url, load_timeout=load_timeout) as gate:
+        gate.ensure_live()
+        started = time.monotonic()
+        gate.load(name, candidate.candidate_config())
+        gate.wait_ready(name, version)
+        load_seconds = time.monotonic() - started
+        accuracy = served_accuracy(gate, name, candidate, version)
+    passed = all(r.passed for r in accuracy)
+    result = StageResult(model, version, name, gate.url, passed, accuracy, round(load_seconds, 3))
+    repo.record(
+        model, "staged", version, run_id, gate=gate.url, accuracy_passed=passed, accuracy=[asdict(r) for r in accuracy]
+    )
+    log.event(LOG, "staged", model=model, version=version, gate=gate.url, accuracy_passed=passed)
+    if not passed:
+        log.event(LOG, "accuracy check failed", level=30, table="\n" + parity_table(accuracy))
+    return result
