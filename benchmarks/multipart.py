@@ -15,8 +15,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from boto3.s3.transfer import TransferConfig
+
 from components.repository import TRANSFER
 from pipelines.stack import EmbeddedStack
+
+MIB = 2**20
 
 
 def main() -> None:
@@ -30,12 +34,22 @@ def main() -> None:
             for _ in range(args.size_mib):
                 fh.write(bytes(range(256)) * 4096)
         client = stack.s3.client()
-        timings: dict[str, list[float]] = {"multipart (TransferConfig)": [], "single put_object": []}
+        configs = {
+            "multipart 64 MiB x8 (ours)": TRANSFER,
+            "multipart 16 MiB x4": TransferConfig(
+                multipart_threshold=16 * MIB, multipart_chunksize=16 * MIB, max_concurrency=4
+            ),
+            "multipart 256 MiB x2": TransferConfig(
+                multipart_threshold=256 * MIB, multipart_chunksize=256 * MIB, max_concurrency=2
+            ),
+        }
+        timings: dict[str, list[float]] = {name: [] for name in configs} | {"single put_object": []}
         for i in range(args.repeats):
-            started = time.perf_counter()
-            client.upload_file(str(path), stack.bucket, f"mp/{i}", Config=TRANSFER)
-            timings["multipart (TransferConfig)"].append(time.perf_counter() - started)
-            client.delete_object(Bucket=stack.bucket, Key=f"mp/{i}")
+            for name, config in configs.items():
+                started = time.perf_counter()
+                client.upload_file(str(path), stack.bucket, f"mp/{i}", Config=config)
+                timings[name].append(time.perf_counter() - started)
+                client.delete_object(Bucket=stack.bucket, Key=f"mp/{i}")
             started = time.perf_counter()
             with open(path, "rb") as fh:
                 client.put_object(Bucket=stack.bucket, Key=f"single/{i}", Body=fh)
@@ -44,7 +58,6 @@ def main() -> None:
     result = {
         "size_mib": args.size_mib,
         "repeats": args.repeats,
-        "transfer_config": {"threshold_mib": 64, "chunk_mib": 64, "max_concurrency": 8},
         "median_seconds": {k: statistics.median(v) for k, v in timings.items()},
         "all_seconds": timings,
     }

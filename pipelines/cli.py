@@ -277,6 +277,141 @@ def repo_history(model: str, repository: RepositoryOption, s3_endpoint: Endpoint
     out.print(table)
 
 
+# ------------------------------------------------------------------------------ stage / gate / promote
+GateOption = Annotated[
+    str, typer.Option("--gate", envvar="TRITONSHIP_GATE", help="gate server: host:port or k8s://ns/selector")
+]
+ModelOption = Annotated[str, typer.Option("--model", "-m", help="model name")]
+VersionOption = Annotated[int, typer.Option("--version", help="candidate version")]
+
+
+def _one_server(spec: str) -> str:
+    from components.replicas import resolve
+
+    return resolve(spec)[0].url
+
+
+@app.command("stage")
+@friendly_errors
+def stage_cmd(
+    repository: RepositoryOption,
+    model: ModelOption,
+    version: VersionOption,
+    gate: GateOption,
+    result: Annotated[Path | None, typer.Option(help="write the stage result (JSON) here")] = None,
+    s3_endpoint: EndpointOption = None,
+) -> None:
+    """Load the candidate dark on the gate server and check its answers against the golden outputs."""
+    from components.parity import parity_table
+    from components.stage import stage
+
+    with console.status(f"loading {model} v{version} on the gate"):
+        staged = stage(repository, model, version, _one_server(gate), s3=s3_settings(s3_endpoint))
+    out_console_line(parity_table(staged.accuracy))
+    if result:
+        result.write_text(staged.to_json())
+    out_console_line(
+        f"staged {staged.candidate} v{version} on {staged.gate_url}: accuracy {'ok' if staged.accuracy_passed else 'FAILED'}"
+    )
+    if not staged.accuracy_passed:
+        raise typer.Exit(1)
+
+
+@app.command("gate")
+@friendly_errors
+def gate_cmd(
+    repository: RepositoryOption,
+    model: ModelOption,
+    version: VersionOption,
+    gate: GateOption,
+    out: Annotated[Path, typer.Option(help="folder for verdict.json, report.md/html, the plot and raw CSVs")],
+    stage_result: Annotated[Path | None, typer.Option(help="the stage result JSON (its accuracy check counts)")] = None,
+    concurrency: Annotated[int, typer.Option(help="perf_analyzer concurrency")] = 1,
+    request_rate: Annotated[float | None, typer.Option(help="fixed request rate instead of concurrency")] = None,
+    rounds: Annotated[int, typer.Option(help="alternating candidate/stable rounds")] = 3,
+    window_ms: Annotated[int, typer.Option(help="perf_analyzer measurement window")] = 1000,
+    stability_pct: Annotated[float, typer.Option(help="perf_analyzer stability threshold")] = 10.0,
+    max_p99_ms: Annotated[float | None, typer.Option(help="absolute limit on candidate p99 latency")] = None,
+    min_throughput: Annotated[float | None, typer.Option(help="absolute limit on candidate inferences/s")] = None,
+    max_p99_regression_pct: Annotated[float | None, typer.Option(help="limit relative to stable")] = 10.0,
+    max_throughput_regression_pct: Annotated[float | None, typer.Option(help="limit relative to stable")] = 10.0,
+    max_noise_pct: Annotated[float, typer.Option(help="rounds spreading wider than this are inconclusive")] = 20.0,
+    s3_endpoint: EndpointOption = None,
+) -> None:
+    """Measure candidate against stable with perf_analyzer and decide pass / fail / inconclusive. Exit 0 only on pass."""
+    from components import gate as gate_step
+    from components.perf import LoadSettings
+    from components.stage import StageResult
+
+    settings = gate_step.GateSettings(
+        load=LoadSettings(
+            concurrency=concurrency, request_rate=request_rate, window_ms=window_ms, stability_pct=stability_pct
+        ),
+        thresholds=gate_step.Thresholds(
+            max_p99_ms, min_throughput, max_p99_regression_pct, max_throughput_regression_pct
+        ),
+        rounds=rounds,
+        max_noise_pct=max_noise_pct,
+    )
+    staged = StageResult.from_json(stage_result.read_text()) if stage_result else None
+    with console.status(f"measuring {model} v{version} against stable ({rounds} rounds)"):
+        result = gate_step.gate(
+            repository, model, version, _one_server(gate), settings, staged, out, s3=s3_settings(s3_endpoint)
+        )
+    if (out / "report.md").exists():
+        out_console_line((out / "report.md").read_text())
+    out_console_line(f"verdict: {result.verdict}")
+    if result.verdict != "pass":
+        raise typer.Exit(1)
+
+
+@app.command("promote")
+@friendly_errors
+def promote_cmd(
+    repository: RepositoryOption,
+    verdict: Annotated[Path, typer.Option(help="verdict.json written by `tritonship gate`; must say pass")],
+    replicas: Annotated[str, typer.Option(help="production replicas: host:port,... or k8s://ns/selector")],
+    gate: Annotated[
+        str | None, typer.Option("--gate", envvar="TRITONSHIP_GATE", help="unload the candidate here")
+    ] = None,
+    s3_endpoint: EndpointOption = None,
+) -> None:
+    """Roll the gated candidate out to every production replica, one at a time; revert on any failure."""
+    from components.promote import promote
+    from components.replicas import resolve
+
+    decided = json.loads(verdict.read_text())
+    targets = resolve(replicas)
+    with console.status(f"promoting {decided['model']} v{decided['version']} to {len(targets)} replicas") as status:
+        result = promote(
+            repository, decided["model"], int(decided["version"]), targets, decided["verdict"],
+            gate_url=_one_server(gate) if gate else None, s3=s3_settings(s3_endpoint),
+            progress=lambda what, replica: status.update(f"{what} {replica.name}"),
+        )  # fmt: skip
+    out_console_line(
+        f"promoted {result.model} v{result.version} (was {result.previous_version}) on {len(result.replicas)} replicas"
+    )
+
+
+@app.command("reject")
+@friendly_errors
+def reject_cmd(
+    repository: RepositoryOption,
+    verdict: Annotated[Path, typer.Option(help="verdict.json written by `tritonship gate`")],
+    gate: Annotated[
+        str | None, typer.Option("--gate", envvar="TRITONSHIP_GATE", help="unload the candidate here")
+    ] = None,
+    s3_endpoint: EndpointOption = None,
+) -> None:
+    """Unload the candidate from the gate, leave production untouched, record the verdict."""
+    from components.promote import reject
+
+    decided = json.loads(verdict.read_text())
+    reject(repository, decided["model"], int(decided["version"]), decided["verdict"], decided["reasons"],
+           gate_url=_one_server(gate) if gate else None, s3=s3_settings(s3_endpoint))  # fmt: skip
+    out_console_line(f"rejected {decided['model']} v{decided['version']} ({decided['verdict']}); production unchanged")
+
+
 # -------------------------------------------------------------------------------------------- demo
 @app.command("demo")
 @friendly_errors

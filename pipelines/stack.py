@@ -367,10 +367,13 @@ class EmbeddedStack:
         assert last_error is not None
         raise last_error
 
-    def restart_triton(self, name: str) -> TritonServer:
-        """Start a stopped or killed server again on the same ports (as a restarted pod would)."""
+    def restart_triton(self, name: str, load_models: Sequence[str] = ()) -> TritonServer:
+        """Start a stopped or killed server again on the same ports, as a restarted pod would: with
+        `--load-model` for each model the Helm chart lists, so it loads their desired state from S3."""
         server = self.servers[name]
         server.process.stop()
+        server.process.argv = [a for a in server.process.argv if not a.startswith("--load-model=")]
+        server.process.argv += [f"--load-model={m}" for m in load_models]
         server.process.start()
         server.wait_ready(self.start_timeout)
         return server

@@ -148,3 +148,22 @@ MODELS = {
 def write_signature(path: Path, signature: dict) -> Path:
     path.write_text(yaml.safe_dump(signature, sort_keys=False))
     return path
+
+
+def delayed_folder(tmp_path: Path, name: str, delay_us: int, seed: int = 0) -> Path:
+    """mlp_folder served by tests/fixtures/delayed_model.py, which sleeps `delay_us` per request."""
+    folder = mlp_folder(tmp_path, name, seed=seed)
+    (folder / "1" / "model.py").write_text((Path(__file__).parent / "fixtures" / "delayed_model.py").read_text())
+    config = folder / "config.pbtxt"
+    config.write_text(
+        config.read_text() + f'parameters {{\n  key: "delay_us"\n  value {{\n    string_value: "{delay_us}"\n  }}\n}}\n'
+    )
+    return folder
+
+
+def wrong_answers_folder(tmp_path: Path, name: str) -> Path:
+    """A folder whose served model.pt is not the model its golden outputs came from."""
+    folder = mlp_folder(tmp_path, name, seed=0)
+    other = MLP(seed=99).eval()
+    torch.jit.trace(other, torch.zeros(2, 16)).save(folder / "1" / "model.pt")
+    return folder

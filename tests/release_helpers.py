@@ -1,0 +1,111 @@
+"""Helpers for release tests: run the steps as the pipeline does, and a client that counts answers."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from components import perf
+from components.gate import GateResult, GateSettings, Thresholds, gate
+from components.promote import promote
+from components.publish import publish
+from components.replicas import Replica
+from components.stage import StageResult, stage
+from components.triton_admin import TritonAdmin
+from pipelines.stack import EmbeddedStack
+
+# Loose enough for a busy 2-core CI machine, tight enough that +50% latency fails (benchmarks/gate_quality.py).
+TEST_GATE = GateSettings(
+    load=perf.LoadSettings(concurrency=1, window_ms=1000, stability_pct=25),
+    thresholds=Thresholds(max_p99_regression_pct=20, max_throughput_regression_pct=20),
+    rounds=3,
+    max_noise_pct=50,
+)
+FIRST_RELEASE_GATE = GateSettings(
+    load=perf.LoadSettings(concurrency=1, window_ms=1000, stability_pct=25),
+    thresholds=Thresholds(max_p99_ms=1000),
+    rounds=1,
+)
+
+
+def unique(prefix: str = "r") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+def replicas(stack: EmbeddedStack) -> list[Replica]:
+    return [Replica(s.name, s.http_url) for s in stack.replicas]
+
+
+def repository(stack: EmbeddedStack) -> str:
+    return f"s3://{stack.bucket}"
+
+
+def stage_and_gate(
+    stack: EmbeddedStack, folder: Path, settings: GateSettings = TEST_GATE, out: Path | None = None
+) -> tuple[int, StageResult, GateResult]:
+    published = publish(folder, repository(stack), s3=stack.s3)
+    staged = stage(repository(stack), published.model, published.version, stack.gate.http_url, s3=stack.s3)
+    verdict = gate(
+        repository(stack), published.model, published.version, stack.gate.http_url, settings, staged, out, s3=stack.s3
+    )
+    return published.version, staged, verdict
+
+
+def release(stack: EmbeddedStack, folder: Path, settings: GateSettings = TEST_GATE) -> int:
+    """publish -> stage -> gate -> promote; asserts the verdict is pass."""
+    version, _staged, verdict = stage_and_gate(stack, folder, settings)
+    assert verdict.verdict == "pass", verdict.reasons
+    promote(
+        repository(stack), verdict.model, version, replicas(stack), verdict.verdict, stack.gate.http_url, s3=stack.s3
+    )
+    return version
+
+
+class SteadyClient:
+    """Sends unversioned requests at a steady rate to every replica, recording which version answered."""
+
+    def __init__(
+        self, urls: list[str], model: str, inputs: dict[str, np.ndarray], outputs: list[str], rate_hz: float = 100
+    ):
+        self.urls, self.model, self.inputs, self.outputs = urls, model, inputs, outputs
+        self.period = 1 / rate_hz
+        self.versions: Counter[int] = Counter()
+        self.failures: list[str] = []
+        self.timeline: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(u,), daemon=True) for u in urls]
+
+    def _run(self, url: str) -> None:
+        admin = TritonAdmin(url, timeout=10, retries=1)
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                version = admin.served_version(self.model, self.inputs, self.outputs)
+                self.versions[version] += 1
+                self.timeline.append((time.monotonic(), version))
+            except Exception as exc:  # every failure is counted and reported
+                self.failures.append(f"{url}: {exc}")
+            time.sleep(max(0.0, self.period - (time.monotonic() - started)))
+        admin.close()
+
+    def __enter__(self) -> SteadyClient:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=30)
+
+    def versions_before(self, moment: float) -> set[int]:
+        return {v for t, v in list(self.timeline) if t < moment}
+
+    @property
+    def total(self) -> int:
+        return sum(self.versions.values())

@@ -1,0 +1,205 @@
+"""Stage, gate and promote on the embedded stack: two production Tritons and a gate Triton."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from components.gate import Figures, GateResult, GateSettings, Thresholds, evaluate, gate
+from components.promote import PromotionError, promote, reject
+from components.repository import ModelRepository, candidate_name
+from components.triton_admin import TritonAdmin
+from pipelines.stack import free_port
+from tests.models import delayed_folder, mlp_folder, wrong_answers_folder
+from tests.release_helpers import (
+    FIRST_RELEASE_GATE,
+    TEST_GATE,
+    SteadyClient,
+    release,
+    replicas,
+    repository,
+    stage_and_gate,
+    unique,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+X = {"x": np.ones((1, 16), np.float32)}
+
+
+def _folder(tmp_path: Path, name: str, sub: str, **kwargs) -> Path:
+    (tmp_path / sub).mkdir()
+    return mlp_folder(tmp_path / sub, name, **kwargs)
+
+
+def _served(stack, name: str) -> list[int]:
+    return [TritonAdmin(s.http_url).served_version(name, X, ["y"]) for s in stack.replicas]
+
+
+def test_equal_candidate_passes_is_promoted_with_zero_failed_requests_and_survives_a_restart(tmp_path, stack):
+    name = unique()
+    assert release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE) == 1
+    assert _served(stack, name) == [1, 1]
+    repo = ModelRepository(repository(stack), stack.s3)
+
+    with SteadyClient([s.http_url for s in stack.replicas], name, X, ["y"]) as client:
+        version, staged, verdict = stage_and_gate(stack, _folder(tmp_path, name, "v2"), out=tmp_path / "gate")
+        assert staged.accuracy_passed and verdict.verdict == "pass", verdict.reasons
+        promotion_started = time.monotonic()
+        promote(repository(stack), name, version, replicas(stack), verdict.verdict, stack.gate.http_url, s3=stack.s3)
+        time.sleep(0.5)
+    assert client.failures == [], client.failures[:5]
+    assert client.total > 100
+    assert client.versions_before(promotion_started) == {1}  # the candidate was dark during stage and gate
+    assert client.versions[2] > 0
+    assert _served(stack, name) == [2, 2]
+    assert repo.desired_config(name)[0].version_policy.specific.versions == [2]
+    assert not TritonAdmin(stack.gate.http_url).is_ready(candidate_name(name))  # unloaded from the gate
+    assert {p.name for p in (tmp_path / "gate").iterdir()} >= {"verdict.json", "report.md", "report.html", "raw"}
+    assert json.loads((tmp_path / "gate" / "verdict.json").read_text())["verdict"] == "pass"
+
+    stack.restart_triton("prod-1", load_models=[name])  # as a restarted pod: explicit mode, --load-model
+    assert TritonAdmin(stack.replicas[1].http_url).ready_versions(name) == [2]
+    assert _served(stack, name) == [2, 2]
+    events = [e["event"] for e in repo.history(name)]
+    assert events == ["published", "staged", "gate", "promoted"] * 2
+
+
+def test_slow_candidate_fails_the_gate_is_rejected_and_stable_keeps_serving(tmp_path, stack):
+    name = unique()
+    release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    stable_p50_us = 550  # about the stable MLP's median latency here; the candidate sleeps as long again
+    (tmp_path / "slow").mkdir()
+    slow = delayed_folder(tmp_path / "slow", name, delay_us=stable_p50_us)
+    with SteadyClient([s.http_url for s in stack.replicas], name, X, ["y"]) as client:
+        version, staged, verdict = stage_and_gate(stack, slow)
+        assert staged.accuracy_passed
+        assert verdict.verdict == "fail", verdict.reasons
+        assert any("p99 latency regressed" in r or "throughput dropped" in r for r in verdict.reasons)
+        reject(repository(stack), name, version, verdict.verdict, verdict.reasons, stack.gate.http_url, s3=stack.s3)
+    assert client.failures == [] and set(client.versions) == {1}
+    assert _served(stack, name) == [1, 1]
+    repo = ModelRepository(repository(stack), stack.s3)
+    assert repo.desired_config(name)[0].version_policy.specific.versions == [1]
+    assert repo.versions(name, staged=False) == [1]
+    rejected = [e for e in repo.history(name) if e["event"] == "rejected"]
+    assert len(rejected) == 1 and rejected[0]["version"] == version and rejected[0]["verdict"] == "fail"
+    assert not TritonAdmin(stack.gate.http_url).is_ready(candidate_name(name))
+
+
+def test_candidate_with_wrong_answers_fails_the_accuracy_gate(tmp_path, stack):
+    name = unique()
+    release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    (tmp_path / "bad").mkdir()
+    version, staged, verdict = stage_and_gate(stack, wrong_answers_folder(tmp_path / "bad", name))
+    assert not staged.accuracy_passed and not all(r.passed for r in staged.accuracy)
+    assert verdict.verdict == "fail"
+    assert verdict.reasons[0].startswith("the accuracy check failed for output(s) y")
+    assert verdict.candidate.throughput == []  # not even measured
+    with pytest.raises(PromotionError, match="verdict is 'fail'"):
+        promote(repository(stack), name, version, replicas(stack), verdict.verdict, s3=stack.s3)
+    assert _served(stack, name) == [1, 1]
+    TritonAdmin(stack.gate.http_url).unload(candidate_name(name))
+
+
+def test_replica_killed_during_promotion_reverts_to_stable(tmp_path, stack):
+    name = unique()
+    release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    version, _staged, verdict = stage_and_gate(stack, _folder(tmp_path, name, "v2", seed=5))
+    assert verdict.verdict == "pass", verdict.reasons
+
+    def kill_second_replica(what: str, replica) -> None:
+        if what == "switched" and replica.name == "prod-0":
+            stack.triton("prod-1").process.kill()
+
+    try:
+        with pytest.raises(PromotionError, match="failed and was reverted to v1") as info:
+            promote(repository(stack), name, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3,
+                    progress=kill_second_replica)  # fmt: skip
+        assert "did not answer" in str(info.value)
+        survivor = TritonAdmin(stack.replicas[0].http_url)
+        assert survivor.served_version(name, X, ["y"]) == 1 and survivor.ready_versions(name) == [1]
+        repo = ModelRepository(repository(stack), stack.s3)
+        assert repo.desired_config(name)[0].version_policy.specific.versions == [1]
+        assert [e["event"] for e in repo.history(name)][-1] == "reverted"
+    finally:
+        stack.restart_triton("prod-1", load_models=[name])
+    assert TritonAdmin(stack.replicas[1].http_url).ready_versions(name) == [1]  # comes back on the stable version
+    TritonAdmin(stack.gate.http_url).unload(candidate_name(name))
+
+
+def test_missing_perf_analyzer_makes_the_verdict_fail(tmp_path, stack, monkeypatch):
+    name = unique()
+    release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setenv("TRITONSHIP_TOOLS", str(tmp_path / "no-tools"))
+    _version, _staged, verdict = stage_and_gate(stack, _folder(tmp_path, name, "v2"))
+    assert verdict.verdict == "fail" and "perf_analyzer was not found" in verdict.reasons[0]
+    TritonAdmin(stack.gate.http_url).unload(candidate_name(name))
+
+
+def test_unreachable_gate_server_makes_the_verdict_fail(tmp_path, stack):
+    name = unique()
+    from components.publish import publish
+
+    published = publish(_folder(tmp_path, name, "v1"), repository(stack), s3=stack.s3)
+    verdict = gate(repository(stack), name, published.version, f"127.0.0.1:{free_port()}", TEST_GATE, s3=stack.s3)
+    assert verdict.verdict == "fail" and "did not answer" in verdict.reasons[0]
+    events = ModelRepository(repository(stack), stack.s3).history(name)
+    assert events[-1]["event"] == "gate" and events[-1]["verdict"] == "fail"
+
+
+def _result(cand: list[tuple[float, float]], stable: list[tuple[float, float]] | None) -> GateResult:
+    def figures(rows):
+        f = Figures()
+        for tp, p99 in rows or []:
+            f.throughput.append(tp), f.p50_ms.append(p99 / 2), f.p99_ms.append(p99)
+        return f
+
+    return GateResult("m", 2, 1 if stable else None, "inconclusive", [], figures(cand), figures(stable))
+
+
+@pytest.mark.parametrize(
+    ("cand", "stable", "thresholds", "verdict", "reason"),
+    [
+        ([(1000, 1.0)] * 3, [(1000, 1.0)] * 3, Thresholds(), "pass", "every limit"),
+        ([(1000, 1.3)] * 3, [(1000, 1.0)] * 3, Thresholds(), "fail", "p99 latency regressed +30.0%"),
+        ([(800, 1.0)] * 3, [(1000, 1.0)] * 3, Thresholds(), "fail", "throughput dropped 20.0%"),
+        ([(1000, 1.0), (1000, 1.5), (1000, 0.8)], [(1000, 1.0)] * 3, Thresholds(), "inconclusive", "disagree"),
+        ([(1000, 1.0)] * 3, None, Thresholds(), "inconclusive", "no limit applies"),
+        ([(1000, 5.0)] * 3, None, Thresholds(max_p99_ms=2), "fail", "exceeds the limit of 2 ms"),
+        ([(90, 1.0)] * 3, None, Thresholds(min_throughput=100), "fail", "below the limit of 100/s"),
+        ([(1000, 1.0)] * 3, None, Thresholds(max_p99_ms=2), "pass", "every limit"),
+    ],
+)
+def test_verdict_rules(cand, stable, thresholds, verdict, reason):
+    result = _result(cand, stable)
+    evaluate(result, GateSettings(thresholds=thresholds, max_noise_pct=20))
+    assert result.verdict == verdict
+    assert any(reason in r for r in result.reasons), result.reasons
+
+
+def test_cli_gate_exit_code_and_promote_refuses_a_failed_verdict(tmp_path, stack):
+    env = {**os.environ, **stack.s3.env()}
+    verdict = {"model": "m", "version": 3, "verdict": "inconclusive", "reasons": ["noisy"]}
+    (tmp_path / "verdict.json").write_text(json.dumps(verdict))
+    cli = [sys.executable, "-m", "pipelines.cli"]
+    promote_run = subprocess.run(
+        [*cli, "promote", "-r", repository(stack), "--verdict", str(tmp_path / "verdict.json"),
+         "--replicas", stack.replicas[0].http_url],
+        env=env, cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert promote_run.returncode == 1 and "verdict is 'inconclusive', not 'pass'" in promote_run.stderr
+    gate_run = subprocess.run(
+        [*cli, "gate", "-r", repository(stack), "-m", "never_published", "--version", "1",
+         "--gate", stack.gate.http_url, "--out", str(tmp_path / "g")],
+        env=env, cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert gate_run.returncode == 1 and "verdict: fail" in gate_run.stdout
+    assert json.loads((tmp_path / "g" / "verdict.json").read_text())["verdict"] == "fail"
