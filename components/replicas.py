@@ -9,6 +9,7 @@ named `http` (else 8000).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +60,8 @@ def kubernetes_api() -> Any:
         config.load_incluster_config()
     except config.ConfigException:
         try:
-            config.load_kube_config()
+            # The client reads $KUBECONFIG once, at import; read it now.
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
         except (config.ConfigException, FileNotFoundError, TypeError) as exc:
             raise ReplicaError(f"no Kubernetes configuration was found (in-cluster or kubeconfig): {exc}.") from None
     return client.CoreV1Api()

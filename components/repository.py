@@ -39,8 +39,9 @@ MANIFEST = "manifest.json"
 CONFIG = "config.pbtxt"
 PRODUCTION = "models"
 STAGING = "staging"
-# Multipart above 64 MiB, 8 parts in flight: what the benchmark in benchmarks/multipart.md measured.
-TRANSFER = TransferConfig(multipart_threshold=64 * 2**20, multipart_chunksize=64 * 2**20, max_concurrency=8)
+# Multipart above 16 MiB in 16 MiB parts, 4 in flight: the fastest of the settings benchmarks/multipart.py
+# compared (and parts keep retries small; a single PUT also stops at 5 GiB).
+TRANSFER = TransferConfig(multipart_threshold=16 * 2**20, multipart_chunksize=16 * 2**20, max_concurrency=4)
 
 
 class RepositoryError(TritonshipError):
