@@ -35,9 +35,13 @@ class S3Settings:
     max_attempts: int = 5
 
     @classmethod
-    def from_env(cls) -> S3Settings:
+    def from_env(cls, endpoint_url: str | None = None) -> S3Settings:
+        """Endpoint and region from the environment (or `endpoint_url`); credentials from boto3's chain."""
         return cls(
-            endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None,
+            endpoint_url=endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or None,
             region=os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1",
         )
 

@@ -1,73 +1,100 @@
-"""The demo: a small TorchScript model through the embedded stack (S3 -> Triton -> perf_analyzer)."""
+"""The demo: three releases of a sample model through the whole KFP pipeline on the embedded stack.
+
+v1 is the first release (absolute limits only), v2 a retrained model of the same size (promoted), v3
+a deliberately slower model (rejected; v2 keeps serving). Then a client asks production which
+version answers.
+"""
 
 from __future__ import annotations
 
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import torch
 from rich.console import Console
 from rich.table import Table
 
-from components import model_folder, perf
-from components.signature import Signature
 from components.triton_admin import TritonAdmin
-from pipelines.stack import PRODUCTION_PREFIX, EmbeddedStack
+from pipelines.local import LocalRun, run_local
+from pipelines.sample_models import SAMPLE_SIGNATURE
+from pipelines.stack import EmbeddedStack
 
-DEMO_SIGNATURE = {
-    "batch": True,
-    "max_batch_size": 16,
-    "inputs": [{"name": "features", "dtype": "fp32", "shape": [-1, 32]}],
-    "outputs": [{"name": "scores", "dtype": "fp32", "shape": [-1, 8]}],
-}
-
-
-def demo_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
+RELEASES = [
+    ("v1: first release", "pipelines.sample_models:sample_v1"),
+    ("v2: retrained", "pipelines.sample_models:sample_v2"),
+    ("v3: deliberately slower", "pipelines.sample_models:sample_v3_slow"),
+]
 
 
-def run_demo(console: Console) -> int:
-    signature = Signature.from_dict(DEMO_SIGNATURE)
-    model = demo_model()
-    with tempfile.TemporaryDirectory(prefix="tritonship-demo-") as tmp:
-        tmp_path = Path(tmp)
-        golden_in = signature.example_inputs(16)
-        with torch.inference_mode():
-            golden_out = {"scores": model(torch.from_numpy(golden_in["features"])).numpy()}
-        torch.jit.trace(model, torch.from_numpy(golden_in["features"])).save(tmp_path / "model.pt")
-        folder = model_folder.write(
-            tmp_path / "mlp", "mlp", signature, tmp_path / "model.pt", "python", golden_in, golden_out, {}
-        )
-        with console.status("starting S3 and Triton"), EmbeddedStack(replicas=1) as stack:
-            server = stack.replicas[0]
-            console.print(f"S3 {stack.s3.endpoint_url}, Triton http://{server.http_url} (explicit model control)")
-            client = stack.s3.client()
-            for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-                key = f"{PRODUCTION_PREFIX}/mlp/{path.relative_to(folder)}"
-                client.upload_file(str(path), stack.bucket, key)
-                console.print(f"  put s3://{stack.bucket}/{key}")
-            with TritonAdmin(server.http_url) as admin:
-                started = time.monotonic()
-                admin.load("mlp")
-                console.print(f"loaded 'mlp' from S3 in {time.monotonic() - started:.1f} s")
-                answer = admin.infer("mlp", golden_in, ["scores"])["scores"]
-            error = float(np.abs(answer - golden_out["scores"]).max())
-            console.print(f"inference on 16 golden samples: max |triton - eager| = {error:.2e}")
-            data = perf.write_input_data(golden_in, tmp_path / "input.json", batched=True)
-            table = Table(title="perf_analyzer on the embedded Triton (latencies in ms)")
-            for column in ("concurrency", "infer/s", "p50", "p90", "p99", "exit"):
-                table.add_column(column, justify="right")
-            for concurrency in (1, 2):
-                run = perf.measure(server.http_url, "mlp", data, perf.LoadSettings(concurrency=concurrency))
-                for p in run.points:
-                    table.add_row(
-                        str(int(p.concurrency)), f"{p.throughput:,.0f}", f"{p.p50_us / 1000:.2f}",
-                        f"{p.p90_us / 1000:.2f}", f"{p.p99_us / 1000:.2f}", str(run.exit_code),
-                    )  # fmt: skip
-                if not run.ok:
-                    table.add_row(str(concurrency), "-", "-", "-", "-", f"{run.exit_code}: {run.reason}")
-            console.print(table)
-    return 0 if error < 1e-4 else 1
+def demo_parameters(stack: EmbeddedStack, model_source: str) -> dict[str, Any]:
+    """The pipeline's parameters for the embedded stack: CPU TorchScript served by the Python backend."""
+    return {
+        "model_source": model_source,
+        "signature": SAMPLE_SIGNATURE,
+        "model_name": "sample",
+        "compile_target": "torchscript",
+        "precision": "fp32",
+        "compile_device": "cpu",
+        "serving_flavour": "python",
+        "repository": f"s3://{stack.bucket}",
+        "s3_endpoint": stack.s3.endpoint_url,
+        "replicas": ",".join(s.http_url for s in stack.replicas),
+        "gate": stack.gate.http_url,
+        "concurrency": 1,
+        "rounds": 3,
+        "window_ms": 1000,
+        "stability_pct": 25.0,
+        "max_p99_ms": 50.0,
+        "max_p99_regression_pct": 20.0,
+        "max_throughput_regression_pct": 20.0,
+        "max_noise_pct": 50.0,
+    }
+
+
+def summary_row(label: str, run: LocalRun) -> list[str]:
+    verdict = run.verdict or {}
+    median = verdict.get("candidate_median") or {}
+    outcome = "promoted" if run.promoted else "rejected" if run.rejected else "-"
+    return [
+        label,
+        str(run.version),
+        f"{verdict.get('verdict', '-')} ({outcome})",
+        f"{median['p99_ms']:.2f}" if median.get("p99_ms") else "-",
+        f"{median['throughput']:,.0f}" if median.get("throughput") else "-",
+        "; ".join(verdict.get("reasons", []))[:90],
+    ]
+
+
+def run_demo(console: Console, workdir: Path | None = None) -> int:
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="tritonship-demo-"))
+    table = Table(title="tritonship demo: three releases of 'sample'")
+    for column in ("release", "version", "verdict", "p99 ms", "infer/s", "reason"):
+        table.add_column(column)
+    runs = []
+    started = time.monotonic()
+    with (
+        console.status("starting S3, two production Tritons and a gate Triton") as status,
+        EmbeddedStack(replicas=2, gate=True) as stack,
+    ):
+        console.print(f"embedded stack up: S3 {stack.s3.endpoint_url}, production "
+                      f"{', '.join(s.http_url for s in stack.replicas)}, gate {stack.gate.http_url}")  # fmt: skip
+        for label, source in RELEASES:
+            status.update(f"releasing {label} (export, compile, publish, stage, gate, promote/reject)")
+            run = run_local(demo_parameters(stack, source), workdir / "pipeline-runs", env=stack.s3.env())
+            runs.append(run)
+            table.add_row(*summary_row(label, run))
+            console.print(f"  {label}: {run.verdict['verdict'] if run.verdict else '-'}  ({run.root})")
+        features = np.random.default_rng(0).normal(size=(1, 32)).astype(np.float32)
+        served = [
+            TritonAdmin(s.http_url).served_version("sample", {"features": features}, ["scores"]) for s in stack.replicas
+        ]
+    console.print(table)
+    console.print(f"a client request to each production replica was answered by version(s) {served}")
+    console.print(f"gate reports: {', '.join(str(r.root / 'gate-op' / 'report_html') for r in runs)}")
+    console.print(f"finished in {time.monotonic() - started:.0f} s")
+    ok = runs[1].promoted and runs[2].rejected and served == [runs[1].version] * len(served)
+    if not ok:
+        console.print("[red]the demo did not end as expected (v2 promoted, v3 rejected, v2 serving)[/]")
+    return 0 if ok else 1

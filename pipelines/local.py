@@ -1,0 +1,103 @@
+"""Running the release pipeline under KFP's local runner, and reading back what its tasks produced."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.errors import TritonshipError
+
+
+class LocalRunError(TritonshipError):
+    """The pipeline failed under the local runner."""
+
+    exit_code = 1
+
+
+@dataclass
+class LocalRun:
+    """One local pipeline run: its output folder and the outputs of its tasks."""
+
+    root: Path
+    log: str = ""
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, root: Path, log: str = "") -> LocalRun:
+        outputs = {}
+        for task_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+            executor_output = task_dir / "executor_output.json"
+            if executor_output.exists():
+                outputs[task_dir.name] = json.loads(executor_output.read_text())
+        return cls(root, log, outputs)
+
+    def parameter(self, task: str, name: str) -> Any:
+        return self.outputs.get(task, {}).get("parameterValues", {}).get(name)
+
+    def artifact(self, task: str, name: str) -> dict[str, Any] | None:
+        artifacts = self.outputs.get(task, {}).get("artifacts", {}).get(name, {}).get("artifacts", [])
+        return artifacts[0] if artifacts else None
+
+    @property
+    def verdict(self) -> dict[str, Any] | None:
+        text = self.parameter("gate-op", "verdict_json")
+        return json.loads(text) if text else None
+
+    @property
+    def version(self) -> int | None:
+        version = self.parameter("publish-op", "version")
+        return int(version) if version is not None else None
+
+    @property
+    def promoted(self) -> bool:
+        return "promote-op" in self.outputs
+
+    @property
+    def rejected(self) -> bool:
+        return "reject-op" in self.outputs
+
+
+def run_local(
+    parameters: dict[str, Any], pipeline_root: Path, env: dict[str, str] | None = None, quiet: bool = True
+) -> LocalRun:
+    """Run `release_pipeline` with `parameters` in this environment (SubprocessRunner, no venv).
+
+    `env` (S3 credentials, for example) is set for the run's tasks, which inherit this process's
+    environment; it is never a pipeline parameter.
+    """
+    from kfp import local
+
+    from pipelines.pipeline import release_pipeline
+
+    pipeline_root.mkdir(parents=True, exist_ok=True)
+    before = set(pipeline_root.iterdir())
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True)
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    log = io.StringIO()
+    kfp_logger = logging.getLogger("kfp")
+    previous_level = kfp_logger.level
+    try:
+        if quiet:
+            kfp_logger.setLevel(logging.WARNING)
+        with contextlib.redirect_stdout(log) if quiet else contextlib.nullcontext():
+            release_pipeline(**parameters)
+    except Exception as exc:
+        raise LocalRunError(f"the pipeline failed under the local runner: {str(exc).splitlines()[0]}") from None
+    finally:
+        kfp_logger.setLevel(previous_level)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    created = sorted(set(pipeline_root.iterdir()) - before, key=lambda p: p.stat().st_mtime)
+    if not created:
+        raise LocalRunError(f"the local runner wrote no run folder under {pipeline_root}.")
+    return LocalRun.read(created[-1], log.getvalue())

@@ -1,0 +1,342 @@
+"""The KFP v2 release pipeline: export -> compile -> publish -> stage -> gate -> promote | reject.
+
+Each component is a lightweight @dsl.component that imports the step from `components` inside its
+body: the images (images/versions.yaml) have the project installed, and KFP's local runner runs the
+very same functions in this environment. Secrets never pass through parameters: S3 credentials come
+from a Kubernetes Secret as environment variables (kfp-kubernetes), or from the environment locally.
+"""
+
+from typing import NamedTuple
+
+from kfp import dsl, kubernetes
+from kfp.dsl import HTML, Input, Markdown, Metrics, Model, Output
+
+from pipelines.images import image
+
+AWS_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
+DEFAULT_SIGNATURE = """batch: true
+max_batch_size: 16
+inputs:
+  - {name: features, dtype: fp32, shape: [-1, 32]}
+outputs:
+  - {name: scores, dtype: fp32, shape: [-1, 8]}
+"""
+
+
+@dsl.component(base_image=image("tools"))
+def export_op(model_source: str, checkpoint: str, signature: str, golden_samples: int, exported: Output[Model]):
+    """Load the user's model, check it against the signature, export it with golden samples."""
+    import tempfile
+    from pathlib import Path
+
+    from components.export import export
+
+    with tempfile.TemporaryDirectory() as tmp:
+        signature_path = Path(tmp) / "signature.yaml"
+        signature_path.write_text(signature)
+        result = export(
+            model_source, signature_path, Path(exported.path), checkpoint=checkpoint or None, samples=golden_samples
+        )
+    exported.metadata.update({"method": result.method, "fallback_reason": result.fallback_reason or ""})
+
+
+@dsl.component(base_image=image("tools"))
+def export_trained_op(
+    trained: Input[Model], model_factory: str, signature: str, golden_samples: int, exported: Output[Model]
+):
+    """Export a model artifact from a training pipeline: a state_dict for `model_factory`, or a saved model."""
+    import tempfile
+    from pathlib import Path
+
+    from components.export import export
+
+    source = Path(trained.path)
+    with tempfile.TemporaryDirectory() as tmp:
+        signature_path = Path(tmp) / "signature.yaml"
+        signature_path.write_text(signature)
+        if model_factory:
+            result = export(
+                model_factory, signature_path, Path(exported.path), checkpoint=str(source), samples=golden_samples
+            )
+        else:
+            result = export(str(source), signature_path, Path(exported.path), samples=golden_samples)
+    exported.metadata.update({"method": result.method, "fallback_reason": result.fallback_reason or ""})
+
+
+@dsl.component(base_image=image("compile"))
+def compile_op(
+    exported: Input[Model],
+    model_name: str,
+    target: str,
+    precision: str,
+    device: str,
+    flavour: str,
+    compiled: Output[Model],
+    parity: Output[Metrics],
+):
+    """Compile for Triton and check parity against the eager model; fails the run on a mismatch."""
+    from pathlib import Path
+
+    from components.compile import compile_model
+
+    result = compile_model(Path(exported.path), Path(compiled.path), model_name, target, precision, device, flavour)
+    for row in result.parity:
+        parity.log_metric(f"{row.name}.{row.check}.max_abs_err", row.max_abs_err)
+    parity.log_metric("compile_seconds", round(result.seconds, 3))
+    compiled.metadata.update({"target": target, "precision": precision, "device": result.device})
+
+
+@dsl.component(base_image=image("tools"))
+def publish_op(compiled: Input[Model], repository: str, s3_endpoint: str, run_id: str) -> NamedTuple(
+    "Published", [("version", int), ("uri", str)]
+):
+    """Publish the compiled folder as a new immutable candidate version."""
+    from collections import namedtuple
+    from pathlib import Path
+
+    from components.publish import publish
+    from components.s3repo import S3Settings
+
+    result = publish(Path(compiled.path), repository, run_id=run_id, s3=S3Settings.from_env(s3_endpoint))
+    return namedtuple("Published", ["version", "uri"])(result.version, result.uri)
+
+
+@dsl.component(base_image=image("tools"))
+def stage_op(repository: str, model_name: str, version: int, gate: str, s3_endpoint: str, run_id: str) -> str:
+    """Load the candidate dark on the gate server; check its answers. Returns the stage result (JSON)."""
+    from components.replicas import resolve
+    from components.s3repo import S3Settings
+    from components.stage import stage
+
+    result = stage(
+        repository, model_name, int(version), resolve(gate)[0].url, s3=S3Settings.from_env(s3_endpoint), run_id=run_id
+    )
+    return result.to_json()
+
+
+@dsl.component(base_image=image("gate"))
+def gate_op(
+    repository: str,
+    model_name: str,
+    version: int,
+    gate: str,
+    stage_result: str,
+    s3_endpoint: str,
+    run_id: str,
+    concurrency: int,
+    rounds: int,
+    window_ms: int,
+    stability_pct: float,
+    max_p99_ms: float,
+    min_throughput: float,
+    max_p99_regression_pct: float,
+    max_throughput_regression_pct: float,
+    max_noise_pct: float,
+    metrics: Output[Metrics],
+    report: Output[Markdown],
+    report_html: Output[HTML],
+) -> NamedTuple("Gated", [("verdict", str), ("verdict_json", str)]):
+    """perf_analyzer A/B rounds against stable and the verdict; limits <= 0 are off."""
+    import tempfile
+    from collections import namedtuple
+    from pathlib import Path
+
+    from components.gate import GateSettings, Thresholds
+    from components.gate import gate as run_gate
+    from components.perf import LoadSettings
+    from components.replicas import resolve
+    from components.s3repo import S3Settings
+    from components.stage import StageResult
+
+    def limit(value: float):
+        return value if value > 0 else None
+
+    settings = GateSettings(
+        load=LoadSettings(concurrency=concurrency, window_ms=window_ms, stability_pct=stability_pct),
+        thresholds=Thresholds(
+            limit(max_p99_ms),
+            limit(min_throughput),
+            limit(max_p99_regression_pct),
+            limit(max_throughput_regression_pct),
+        ),
+        rounds=rounds,
+        max_noise_pct=max_noise_pct,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run_gate(
+            repository, model_name, int(version), resolve(gate)[0].url, settings,
+            StageResult.from_json(stage_result), Path(tmp), s3=S3Settings.from_env(s3_endpoint), run_id=run_id,
+        )  # fmt: skip
+        Path(report.path).write_text((Path(tmp) / "report.md").read_text())
+        Path(report_html.path).write_text((Path(tmp) / "report.html").read_text())
+    for prefix, figures in (("candidate", result.candidate.median()), ("stable", result.stable.median())):
+        for key, value in figures.items():
+            if value is not None:
+                metrics.log_metric(f"{prefix}_{key}", round(value, 4))
+    for key in ("p99_regression_pct", "throughput_regression_pct", "noise_pct", "measurement_seconds"):
+        if getattr(result, key) is not None:
+            metrics.log_metric(key, round(getattr(result, key), 3))
+    metrics.log_metric("passed", 1.0 if result.verdict == "pass" else 0.0)
+    return namedtuple("Gated", ["verdict", "verdict_json"])(result.verdict, result.to_json())
+
+
+@dsl.component(base_image=image("tools"))
+def promote_op(repository: str, model_name: str, version: int, replicas: str, gate: str, verdict_json: str,
+               s3_endpoint: str, run_id: str):  # fmt: skip
+    """Rolling reload of every production replica; reverts and fails on any error."""
+    import json
+
+    from components.promote import promote
+    from components.replicas import resolve
+    from components.s3repo import S3Settings
+
+    verdict = json.loads(verdict_json)["verdict"]
+    promote(repository, model_name, int(version), resolve(replicas), verdict, resolve(gate)[0].url,
+            s3=S3Settings.from_env(s3_endpoint), run_id=run_id)  # fmt: skip
+
+
+@dsl.component(base_image=image("tools"))
+def reject_op(
+    repository: str, model_name: str, version: int, gate: str, verdict_json: str, s3_endpoint: str, run_id: str
+):
+    """Leave production untouched, unload the candidate, record why."""
+    import json
+
+    from components.promote import reject
+    from components.replicas import resolve
+    from components.s3repo import S3Settings
+
+    decided = json.loads(verdict_json)
+    reject(repository, model_name, int(version), decided["verdict"], decided["reasons"], resolve(gate)[0].url,
+           s3=S3Settings.from_env(s3_endpoint), run_id=run_id)  # fmt: skip
+
+
+@dsl.component(base_image=image("tools"))
+def unload_candidate_op(gate: str, model_name: str):
+    """Exit handler: whatever happened, the candidate does not stay loaded on the gate server."""
+    from components.promote import unload_candidate
+    from components.replicas import resolve
+
+    unload_candidate(resolve(gate)[0].url, model_name)
+
+
+def _with_s3_secret(task: dsl.PipelineTask, secret_name: str) -> dsl.PipelineTask:
+    # optional: with IRSA / workload identity there is no Secret and boto3's chain finds the role.
+    return kubernetes.use_secret_as_env(task, secret_name=secret_name, secret_key_to_env=AWS_SECRET_KEYS, optional=True)
+
+
+@dsl.pipeline(name="tritonship-release-steps", description="publish, stage, gate, then promote or reject")
+def release_steps(
+    compiled: Input[Model],
+    model_name: str,
+    repository: str,
+    s3_endpoint: str,
+    aws_secret_name: str,
+    replicas: str,
+    gate: str,
+    concurrency: int,
+    rounds: int,
+    window_ms: int,
+    stability_pct: float,
+    max_p99_ms: float,
+    min_throughput: float,
+    max_p99_regression_pct: float,
+    max_throughput_regression_pct: float,
+    max_noise_pct: float,
+):
+    run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+    cleanup = unload_candidate_op(gate=gate, model_name=model_name)
+    with dsl.ExitHandler(cleanup, name="always-unload-candidate"):
+        published = _with_s3_secret(
+            publish_op(compiled=compiled, repository=repository, s3_endpoint=s3_endpoint, run_id=run_id),
+            aws_secret_name,
+        )
+        version = published.outputs["version"]
+        staged = _with_s3_secret(
+            stage_op(repository=repository, model_name=model_name, version=version, gate=gate, s3_endpoint=s3_endpoint,
+                     run_id=run_id),
+            aws_secret_name,
+        )  # fmt: skip
+        gated = _with_s3_secret(
+            gate_op(
+                repository=repository, model_name=model_name, version=version, gate=gate, stage_result=staged.output,
+                s3_endpoint=s3_endpoint, run_id=run_id, concurrency=concurrency, rounds=rounds, window_ms=window_ms,
+                stability_pct=stability_pct, max_p99_ms=max_p99_ms, min_throughput=min_throughput,
+                max_p99_regression_pct=max_p99_regression_pct,
+                max_throughput_regression_pct=max_throughput_regression_pct, max_noise_pct=max_noise_pct,
+            ),
+            aws_secret_name,
+        )  # fmt: skip
+        with dsl.If(gated.outputs["verdict"] == "pass", name="verdict-pass"):
+            _with_s3_secret(
+                promote_op(repository=repository, model_name=model_name, version=version, replicas=replicas, gate=gate,
+                           verdict_json=gated.outputs["verdict_json"], s3_endpoint=s3_endpoint, run_id=run_id),
+                aws_secret_name,
+            )  # fmt: skip
+        with dsl.Else(name="verdict-not-pass"):
+            _with_s3_secret(
+                reject_op(repository=repository, model_name=model_name, version=version, gate=gate,
+                          verdict_json=gated.outputs["verdict_json"], s3_endpoint=s3_endpoint, run_id=run_id),
+                aws_secret_name,
+            )  # fmt: skip
+
+
+def _compile_task(
+    exported: dsl.PipelineTask, model_name: str, target: str, precision: str, device: str, flavour: str,
+    gpu_count: int, gpu_node_selector: dict, gpu_tolerations: list,
+) -> dsl.PipelineTask:  # fmt: skip
+    task = compile_op(
+        exported=exported.outputs["exported"], model_name=model_name, target=target, precision=precision, device=device,
+        flavour=flavour,
+    )  # fmt: skip
+    task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(gpu_count)
+    kubernetes.add_node_selector_json(task, gpu_node_selector)
+    kubernetes.add_toleration_json(task, gpu_tolerations)
+    return task
+
+
+@dsl.pipeline(
+    name="tritonship-release",
+    description="Export, compile, publish, gate and promote a PyTorch model to Triton on S3.",
+)
+def release_pipeline(
+    model_source: str = "mypackage.models:build_model",
+    checkpoint: str = "",
+    signature: str = DEFAULT_SIGNATURE,
+    model_name: str = "model",
+    golden_samples: int = 16,
+    compile_target: str = "tensorrt",
+    precision: str = "fp16",
+    compile_device: str = "cuda",
+    serving_flavour: str = "libtorch",
+    gpu_count: int = 1,
+    gpu_node_selector: dict = {"nvidia.com/gpu.present": "true"},  # noqa: B006 (KFP parameter default)
+    gpu_tolerations: list = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],  # noqa: B006
+    repository: str = "s3://models/tritonship",
+    s3_endpoint: str = "",
+    aws_secret_name: str = "tritonship-s3",
+    replicas: str = "k8s://triton/app.kubernetes.io/component=production",
+    gate: str = "k8s://triton/app.kubernetes.io/component=gate",
+    concurrency: int = 4,
+    rounds: int = 3,
+    window_ms: int = 2000,
+    stability_pct: float = 10.0,
+    max_p99_ms: float = 0.0,
+    min_throughput: float = 0.0,
+    max_p99_regression_pct: float = 10.0,
+    max_throughput_regression_pct: float = 10.0,
+    max_noise_pct: float = 20.0,
+):
+    exported = _with_s3_secret(
+        export_op(model_source=model_source, checkpoint=checkpoint, signature=signature, golden_samples=golden_samples),
+        aws_secret_name,
+    )
+    compiled = _compile_task(exported, model_name, compile_target, precision, compile_device, serving_flavour, gpu_count,
+                             gpu_node_selector, gpu_tolerations)  # fmt: skip
+    release_steps(
+        compiled=compiled.outputs["compiled"], model_name=model_name, repository=repository, s3_endpoint=s3_endpoint,
+        aws_secret_name=aws_secret_name, replicas=replicas, gate=gate, concurrency=concurrency, rounds=rounds,
+        window_ms=window_ms, stability_pct=stability_pct, max_p99_ms=max_p99_ms, min_throughput=min_throughput,
+        max_p99_regression_pct=max_p99_regression_pct, max_throughput_regression_pct=max_throughput_regression_pct,
+        max_noise_pct=max_noise_pct,
+    )  # fmt: skip
