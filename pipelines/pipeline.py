@@ -14,13 +14,11 @@ from kfp.dsl import HTML, Input, Markdown, Metrics, Model, Output
 from pipelines.images import image
 
 AWS_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
-DEFAULT_SIGNATURE = """batch: true
-max_batch_size: 16
-inputs:
-  - {name: features, dtype: fp32, shape: [-1, 32]}
-outputs:
-  - {name: scores, dtype: fp32, shape: [-1, 8]}
-"""
+# One line: KFP copies defaults into the compiled file's header comment, and a multi-line default breaks it.
+DEFAULT_SIGNATURE = (
+    '{"batch": true, "max_batch_size": 16, "inputs": [{"name": "features", "dtype": "fp32", "shape": [-1, 32]}], '
+    '"outputs": [{"name": "scores", "dtype": "fp32", "shape": [-1, 8]}]}'
+)
 
 
 @dsl.component(base_image=image("tools"))

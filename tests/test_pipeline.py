@@ -1,0 +1,133 @@
+"""The KFP pipeline: compiled YAML kept current and safe, and whole runs under KFP's local runner."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.errors import TritonshipError
+from components.repository import ModelRepository
+from components.triton_admin import TritonAdmin
+from pipelines.demo import demo_parameters
+from pipelines.images import matrix
+from pipelines.kubeflow import COMPILED, compile_pipeline, parse_parameters, validate_cron
+from pipelines.local import run_local
+from tests.release_helpers import unique
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_checked_in_yaml_is_what_the_code_compiles_to(tmp_path):
+    # Compared as YAML: the compiler's header comment lists dict defaults in no fixed order.
+    fresh = list(yaml.safe_load_all(compile_pipeline(tmp_path / "p.yaml").read_text()))
+    assert list(yaml.safe_load_all(COMPILED.read_text())) == fresh, (
+        "run `tritonship pipeline compile` and commit pipelines/release_pipeline.yaml"
+    )
+
+
+def test_compiled_yaml_has_the_kubernetes_settings_and_pinned_images_and_no_secret():
+    text = COMPILED.read_text()
+    docs = list(yaml.safe_load_all(text))
+    spec, platform = docs[0], docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    executors = spec["deploymentSpec"]["executors"]
+    images = {e["container"]["image"] for e in executors.values()}
+    assert images == set(matrix()["images"].values())
+    assert all(re.search(r":[\w.-]+$", i) and not i.endswith(":latest") for i in images)
+    compile_exec = executors["exec-compile-op"]["container"]
+    assert compile_exec["image"] == matrix()["images"]["compile"]
+    assert compile_exec["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
+    compile_k8s = platform["exec-compile-op"]
+    assert compile_k8s["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"] == "gpu_node_selector"
+    assert compile_k8s["tolerations"][0]["tolerationJson"]["componentInputParameter"] == "gpu_tolerations"
+    for name in (
+        "exec-export-op",
+        "exec-publish-op",
+        "exec-stage-op",
+        "exec-gate-op",
+        "exec-promote-op",
+        "exec-reject-op",
+    ):
+        env = platform[name]["secretAsEnv"][0]
+        assert {k["envVar"] for k in env["keyToEnv"]} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+        assert env["secretNameParameter"]["componentInputParameter"].endswith("aws_secret_name")
+    defaults = spec["root"]["inputDefinitions"]["parameters"]
+    assert defaults["gpu_node_selector"]["defaultValue"] == {"nvidia.com/gpu.present": "true"}
+    assert not re.search(r"AKIA[0-9A-Z]{12}", text)
+
+
+def test_compiling_with_credentials_in_the_environment_leaks_none_of_them(tmp_path, monkeypatch):
+    secret = "wJalrXUtnFEMI-" + unique("secret")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEKEYID0001")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    text = compile_pipeline(tmp_path / "p.yaml").read_text()
+    assert secret not in text and "AKIAEXAMPLEKEYID0001" not in text
+
+
+def test_parameters_are_typed_like_the_pipeline_and_cron_has_six_fields():
+    params = parse_parameters(["rounds=5", "max_p99_ms=12", "gpu_node_selector={pool: gpu}", "model_name=0123"])
+    assert params == {"rounds": 5, "max_p99_ms": 12.0, "gpu_node_selector": {"pool": "gpu"}, "model_name": "0123"}
+    with pytest.raises(TritonshipError, match="no parameter 'nope'"):
+        parse_parameters(["nope=1"])
+    with pytest.raises(TritonshipError, match="takes a int"):
+        parse_parameters(["rounds=many"])
+    assert validate_cron("0 0 3 * * *")
+    with pytest.raises(TritonshipError, match="KFP takes 6, seconds first"):
+        validate_cron("0 3 * * *")
+
+
+def _metrics(run) -> dict:
+    return run.artifact("gate-op", "metrics")["metadata"]
+
+
+def test_pipeline_runs_locally_for_a_passing_and_a_failing_candidate(tmp_path, stack):
+    name = unique("pipe")
+    base = demo_parameters(stack, "pipelines.sample_models:sample_v1") | {"model_name": name, "rounds": 2}
+    first = run_local(base, tmp_path / "runs", env=stack.s3.env())
+    assert first.version == 1 and first.verdict["verdict"] == "pass" and first.promoted
+    assert _metrics(first)["passed"] == 1.0 and _metrics(first)["candidate_p99_ms"] > 0
+
+    slow = run_local(
+        base | {"model_source": "pipelines.sample_models:sample_v3_slow"}, tmp_path / "runs", env=stack.s3.env()
+    )
+    assert slow.version == 2 and slow.verdict["verdict"] == "fail" and slow.rejected and not slow.promoted
+    metrics = _metrics(slow)
+    assert metrics["passed"] == 0.0 and metrics["p99_regression_pct"] > 20
+    report = Path(slow.artifact("gate-op", "report")["uri"]).read_text()
+    assert report.startswith(f"# Gate: {name} v2 — **FAIL**") and "| stable | median |" in report
+    assert "<img" in Path(slow.artifact("gate-op", "report_html")["uri"]).read_text()
+    parity = slow.artifact("compile-op", "parity")["metadata"]
+    assert parity["scores.golden.max_abs_err"] < 1e-4
+
+    history = ModelRepository(f"s3://{stack.bucket}", stack.s3).history(name)
+    assert [(e["event"], e["version"]) for e in history] == [
+        ("published", 1), ("staged", 1), ("gate", 1), ("promoted", 1),
+        ("published", 2), ("staged", 2), ("gate", 2), ("rejected", 2),
+    ]  # fmt: skip
+    assert {e["run_id"] for e in history if e["version"] == 1} != {e["run_id"] for e in history if e["version"] == 2}
+    features = {"features": __import__("numpy").zeros((1, 32), "float32")}
+    assert [TritonAdmin(s.http_url).served_version(name, features, ["scores"]) for s in stack.replicas] == [1, 1]
+    assert not TritonAdmin(stack.gate.http_url).is_ready(f"{name}__candidate")  # the exit handler ran
+
+
+def test_example_training_pipeline_releases_what_it_trained(tmp_path, stack, monkeypatch):
+    from kfp import local
+
+    from pipelines.examples.train_and_release import train_and_release
+
+    for key, value in stack.s3.env().items():
+        monkeypatch.setenv(key, value)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path))
+    name = unique("trained")
+    train_and_release(
+        repository=f"s3://{stack.bucket}", s3_endpoint=stack.s3.endpoint_url,
+        replicas=",".join(s.http_url for s in stack.replicas), gate=stack.gate.http_url, model_name=name,
+    )  # fmt: skip
+    run_dir = next(tmp_path.iterdir())
+    trained = json.loads((run_dir / "train-op" / "executor_output.json").read_text())
+    assert trained["artifacts"]["trained"]["artifacts"][0]["metadata"]["final_loss"] >= 0
+    events = [e["event"] for e in ModelRepository(f"s3://{stack.bucket}", stack.s3).history(name)]
+    assert events == ["published", "staged", "gate", "promoted"]
