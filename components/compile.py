@@ -92,7 +92,8 @@ def tensorrt_compile_settings(
     return settings
 
 
-def compile_tensorrt(module: nn.Module, exported: ExportedModel, settings: dict[str, Any], path: Path) -> None:
+def require_tensorrt() -> Any:
+    """torch_tensorrt, or a plain error naming what is missing and where to run instead."""
     try:
         import torch_tensorrt
     except ImportError:
@@ -101,6 +102,11 @@ def compile_tensorrt(module: nn.Module, exported: ExportedModel, settings: dict[
         raise CompileError(
             f"the tensorrt target needs a CUDA GPU and none is visible; {COMPILE_IMAGE_HINT} on a GPU node."
         )
+    return torch_tensorrt
+
+
+def compile_tensorrt(module: nn.Module, exported: ExportedModel, settings: dict[str, Any], path: Path) -> None:
+    torch_tensorrt = require_tensorrt()
     kwargs = dict(settings)
     inputs = [
         torch_tensorrt.Input(**{k: v for k, v in spec.items() if k != "name"}) for spec in kwargs.pop("inputs_spec")
@@ -262,9 +268,11 @@ def compile_model(
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tritonship-compile-") as tmp:
         compiled_path = Path(tmp) / model_folder.MODEL_FILE
-        module = exported.module()
         if target == "tensorrt":
+            require_tensorrt()
             device = device if device.startswith("cuda") else "cuda:0"
+        module = exported.module(device)
+        if target == "tensorrt":
             index = torch.device(device).index or 0
             settings = tensorrt_compile_settings(
                 exported.signature, precision, opt_batch, int(workspace_gb * 2**30), index

@@ -348,10 +348,17 @@ class ExportedModel:
     def artifact(self) -> Path:
         return self.path / self.info["artifact"]
 
-    def module(self) -> nn.Module:
+    def module(self, device: str = "cpu") -> nn.Module:
+        """The exported model on `device`."""
         if self.artifact.name == EXPORTED_PROGRAM_FILE:
-            return torch.export.load(str(self.artifact)).module()
-        return torch.jit.load(str(self.artifact), map_location="cpu").eval()
+            program = torch.export.load(str(self.artifact))
+            if device != "cpu":
+                # Moving the module alone leaves devices that export baked into ops (e.g. .to(dtype)) on the CPU.
+                from torch.export.passes import move_to_device_pass
+
+                program = move_to_device_pass(program, device)
+            return program.module()
+        return torch.jit.load(str(self.artifact), map_location=device).eval()
 
 
 def read_export(path: Path) -> ExportedModel:
