@@ -431,10 +431,10 @@ class ModelRepository:
                     out.append((int(child), staged))
         return sorted(out)
 
-    def gc(self, grace_seconds: float = 3600.0, dry_run: bool = False) -> list[str]:
+    def gc(self, grace_seconds: float = 3600.0, dry_run: bool = False, model: str | None = None) -> list[str]:
         """Remove version folders without a manifest whose allocation is older than the grace period."""
         removed = []
-        for model in self.models():
+        for model in [model] if model else self.models():
             allocations = self.allocated_versions(model)
             for version, staged in self.incomplete_versions(model):
                 allocated = allocations.get(version)
