@@ -434,14 +434,14 @@ class ModelRepository:
     def gc(self, grace_seconds: float = 3600.0, dry_run: bool = False, model: str | None = None) -> list[str]:
         """Remove version folders without a manifest whose allocation is older than the grace period."""
         removed = []
-        for model in [model] if model else self.models():
-            allocations = self.allocated_versions(model)
-            for version, staged in self.incomplete_versions(model):
+        for name in [model] if model else self.models():
+            allocations = self.allocated_versions(name)
+            for version, staged in self.incomplete_versions(name):
                 allocated = allocations.get(version)
                 age = time.time() - allocated["modified"].timestamp() if allocated else float("inf")
                 if age < grace_seconds:
                     continue  # a publish may still be writing it
-                prefix = self.version_prefix(model, version, staged)
+                prefix = self.version_prefix(name, version, staged)
                 if not dry_run:
                     self._delete_prefix(prefix)
                 removed.append(f"s3://{self.bucket}/{prefix}")

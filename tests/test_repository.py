@@ -152,13 +152,12 @@ def test_gc_removes_only_versions_without_manifest_after_the_grace_period(tmp_pa
     publish(mlp_folder(tmp_path, name), repo.uri, s3=stack.s3)
     version = repo.allocate_version(name, {"run_id": "crashed"})
     s3.put_object(Bucket=stack.bucket, Key=f"staging/{candidate_name(name)}/{version}/model.pt", Body=b"partial")
-    mine = lambda removed: [uri for uri in removed if f"/{candidate_name(name)}/" in uri]  # noqa: E731 (other tests' data)
-    assert mine(repo.gc(grace_seconds=3600)) == []  # a publish could still be running
-    assert mine(repo.gc(grace_seconds=0, dry_run=True)) == [
+    assert repo.gc(grace_seconds=3600, model=name) == []  # a publish could still be running
+    assert repo.gc(grace_seconds=0, dry_run=True, model=name) == [
         f"s3://{stack.bucket}/staging/{candidate_name(name)}/{version}/"
     ]
     assert repo.incomplete_versions(name) == [(version, True)]
-    repo.gc(grace_seconds=0)
+    repo.gc(grace_seconds=0, model=name)
     assert repo.incomplete_versions(name) == [] and repo.versions(name, staged=True) == [1]
     assert repo.allocate_version(name, {}) == version + 1  # numbers are never reused
 
