@@ -1,4 +1,4 @@
-.PHONY: setup demo test lint format stack-up stack-down
+.PHONY: setup demo test lint format stack-up stack-down images
 setup:
 	bash scripts/setup.sh
 demo:
@@ -13,3 +13,5 @@ stack-up:
 	.venv/bin/tritonship stack up
 stack-down:
 	.venv/bin/tritonship stack down
+images:
+	bash scripts/images.sh

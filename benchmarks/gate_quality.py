@@ -79,7 +79,7 @@ def main() -> None:
             folder = delayed_folder(tmp_path / f"c{pct}", MODEL, delay_us=int(base_us * pct / 100))
             candidate = publish(folder, repo_uri, run_id=f"inject-{pct}", s3=stack.s3).version
             stage(repo_uri, MODEL, candidate, stack.gate.http_url, s3=stack.s3)
-            verdicts, seconds, p99_changes = [], [], []
+            verdicts, seconds, p99_changes, details = [], [], [], []
             for trial in range(args.trials):
                 started = time.monotonic()
                 result = gate(repo_uri, MODEL, candidate, stack.gate.http_url, settings, s3=stack.s3)
@@ -87,6 +87,14 @@ def main() -> None:
                 seconds.append(time.monotonic() - started)
                 if result.p99_regression_pct is not None:
                     p99_changes.append(result.p99_regression_pct)
+                details.append(
+                    {
+                        "verdict": result.verdict,
+                        "candidate": result.candidate.__dict__,
+                        "stable": result.stable.__dict__,
+                        "measurement_seconds": result.measurement_seconds,
+                    }
+                )
                 print(f"  +{pct}% trial {trial + 1}: {result.verdict} ({'; '.join(result.reasons)[:100]})", flush=True)
             results.append(
                 {
@@ -98,6 +106,7 @@ def main() -> None:
                     "inconclusive": verdicts.count("inconclusive"),
                     "median_observed_p99_change_pct": statistics.median(p99_changes) if p99_changes else None,
                     "median_decision_seconds": statistics.median(seconds),
+                    "trial_details": details,
                 }
             )
     print(

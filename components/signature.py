@@ -21,19 +21,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 import yaml
 
 from components.errors import TritonshipError
 
-# name -> (torch dtype, numpy dtype or None where numpy has none, Triton config type, Triton wire type)
-DTYPES: dict[str, tuple[torch.dtype, Any, str, str]] = {
-    "fp32": (torch.float32, np.float32, "TYPE_FP32", "FP32"),
-    "fp16": (torch.float16, np.float16, "TYPE_FP16", "FP16"),
-    "bf16": (torch.bfloat16, None, "TYPE_BF16", "BF16"),
-    "int32": (torch.int32, np.int32, "TYPE_INT32", "INT32"),
-    "int64": (torch.int64, np.int64, "TYPE_INT64", "INT64"),
-    "bool": (torch.bool, np.bool_, "TYPE_BOOL", "BOOL"),
+# name -> (torch dtype name, numpy dtype or None where numpy has none, Triton config type, Triton wire type).
+# torch is named, not imported: the gate and tools steps read signatures without torch installed.
+DTYPES: dict[str, tuple[str, Any, str, str]] = {
+    "fp32": ("float32", np.float32, "TYPE_FP32", "FP32"),
+    "fp16": ("float16", np.float16, "TYPE_FP16", "FP16"),
+    "bf16": ("bfloat16", None, "TYPE_BF16", "BF16"),
+    "int32": ("int32", np.int32, "TYPE_INT32", "INT32"),
+    "int64": ("int64", np.int64, "TYPE_INT64", "INT64"),
+    "bool": ("bool", np.bool_, "TYPE_BOOL", "BOOL"),
 }
 FLOAT_DTYPES = {"fp32", "fp16", "bf16"}
 # Triton model and tensor names: printable, no path separators, no leading dot (also safe as S3 keys).
@@ -44,11 +44,13 @@ class SignatureError(TritonshipError):
     """The signature file, or the model checked against it, is wrong."""
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    for name, (torch_dtype, *_rest) in DTYPES.items():
-        if torch_dtype == dtype:
+def dtype_name(dtype: Any) -> str:
+    """The signature's name for a torch dtype (torch.float32 -> 'fp32')."""
+    torch_name = str(dtype).removeprefix("torch.")
+    for name, (candidate, *_rest) in DTYPES.items():
+        if candidate == torch_name:
             return name
-    return str(dtype).removeprefix("torch.")
+    return torch_name
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,10 @@ class TensorSpec:
     value_range: tuple[float, float] | None = None  # [low, high) for generated golden inputs
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype][0]
+    def torch_dtype(self) -> Any:
+        import torch
+
+        return getattr(torch, DTYPES[self.dtype][0])
 
     @property
     def numpy_dtype(self) -> Any:

@@ -328,18 +328,13 @@ class EmbeddedStack:
     # -------------------------------------------------------------------------------------- Triton
     def add_triton(self, name: str, prefixes: Sequence[str]) -> TritonServer:
         """Start one more tritonserver mounting `prefixes` of the bucket, and wait until it is ready."""
-        if name in self.servers:
-            raise StackError(f"a server named {name!r} already exists")
-        backends = self._backend_directory()
         last_error: StackError | None = None
         for _attempt in range(3):
             ports = [free_port(), free_port(), free_port()]
-            argv = [
-                str(tools_dir() / "pytriton" / "tritonserver" / "bin" / "tritonserver"),
+            args = [
                 *[f"--model-repository={self.s3.triton_uri(self.bucket, p)}" for p in prefixes],
                 "--model-control-mode=explicit",
                 "--strict-model-config=false",
-                f"--backend-directory={backends}",
                 f"--http-port={ports[0]}",
                 f"--grpc-port={ports[1]}",
                 f"--metrics-port={ports[2]}",
@@ -350,22 +345,38 @@ class EmbeddedStack:
                 "--exit-timeout-secs=5",
                 "--log-verbose=0",
             ]
-            proc = ManagedProcess(name, argv, self._triton_env(), self.workdir / "logs" / f"{name}.log", self.detach)
-            server = TritonServer(name, list(prefixes), *ports, proc)
-            proc.start()
             try:
-                server.wait_ready(self.start_timeout)
+                return self.launch_triton(name, args, prefixes)
             except StackError as exc:
-                proc.stop()
                 last_error = exc
-                if "Address already in use" not in proc.log_tail():
+                if "Address already in use" not in str(exc):
                     raise
-                continue
-            self.servers[name] = server
-            log.event(LOG, "triton ready", name=name, http=server.http_url, grpc=server.grpc_url)
-            return server
         assert last_error is not None
         raise last_error
+
+    def launch_triton(self, name: str, args: Sequence[str], prefixes: Sequence[str] = ()) -> TritonServer:
+        """Start the embedded tritonserver with `args` as given (for example as the Helm chart renders
+        them), adding only the embedded Python backend's directory, and wait until it is ready."""
+        if name in self.servers:
+            raise StackError(f"a server named {name!r} already exists")
+        flags = dict(a.removeprefix("--").split("=", 1) for a in args if a.startswith("--") and "=" in a)
+        ports = [
+            int(flags.get(f"{kind}-port", default))
+            for kind, default in (("http", 8000), ("grpc", 8001), ("metrics", 8002))
+        ]
+        binary = tools_dir() / "pytriton" / "tritonserver" / "bin" / "tritonserver"
+        argv = [str(binary), *args, f"--backend-directory={self._backend_directory()}"]
+        proc = ManagedProcess(name, argv, self._triton_env(), self.workdir / "logs" / f"{name}.log", self.detach)
+        server = TritonServer(name, list(prefixes), *ports, proc)
+        proc.start()
+        try:
+            server.wait_ready(self.start_timeout)
+        except StackError:
+            proc.stop()
+            raise
+        self.servers[name] = server
+        log.event(LOG, "triton ready", name=name, http=server.http_url, grpc=server.grpc_url)
+        return server
 
     def restart_triton(self, name: str, load_models: Sequence[str] = ()) -> TritonServer:
         """Start a stopped or killed server again on the same ports, as a restarted pod would: with

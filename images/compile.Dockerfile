@@ -1,0 +1,15 @@
+# The compile step: export and compile (Torch-TensorRT / TorchScript) on a GPU node.
+# torch, torch_tensorrt and TensorRT come from NVIDIA's image and must not be replaced by pip.
+FROM nvcr.io/nvidia/pytorch:26.10-py3
+ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    TRITONSHIP_IMAGE=ghcr.io/tritonship/compile:0.1.0-26.10
+WORKDIR /opt/tritonship
+COPY pyproject.toml README.md ./
+COPY components ./components
+COPY pipelines ./pipelines
+COPY images/versions.yaml ./images/versions.yaml
+RUN pip install --no-deps . \
+ && pip install "boto3>=1.35" "tritonclient[grpc]>=2.51" "protobuf>=4.25" "pyyaml>=6" "typer>=0.12" "rich>=13" \
+        "requests>=2.31" "kfp>=2.17,<2.18" "kfp-kubernetes>=2.17,<2.18" \
+ && useradd --create-home --uid 10001 tritonship
+USER 10001

@@ -1,0 +1,144 @@
+"""The Helm chart: rendered by a real helm, validated against the Kubernetes schemas, and the Triton
+arguments it renders started for real on the embedded stack."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from components import model_config
+from components.publish import publish
+from components.repository import ModelRepository
+from components.tools import tools_dir
+from components.triton_admin import TritonAdmin
+from pipelines.stack import free_port
+from tests.models import mlp_folder
+from tests.release_helpers import unique
+
+CHART = Path(__file__).resolve().parents[1] / "manifests" / "helm" / "tritonship-triton"
+EXAMPLES = CHART.parent / "examples"
+K8S_VERSION = "1.33"
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(tools_dir() / "bin" / "helm"), *args], capture_output=True, text=True, timeout=60)
+
+
+def render(*values: str, sets: tuple[str, ...] = ()) -> list[dict]:
+    args = ["template", "rel", str(CHART)]
+    for v in values:
+        args += ["-f", v]
+    for s in sets:
+        args += ["--set", s]
+    result = helm(*args)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def by_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def test_helm_lint_passes():
+    result = helm("lint", "--strict", str(CHART))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("values", [(), (str(EXAMPLES / "aws-irsa.yaml"),), (str(EXAMPLES / "minio-no-gate.yaml"),)],
+                         ids=["defaults", "aws-irsa", "minio-no-gate"])  # fmt: skip
+def test_every_rendered_object_validates_against_the_kubernetes_schemas(values):
+    objects = render(*values)
+    assert by_kind(objects, "Deployment") and by_kind(objects, "Service")
+    for obj in objects:
+        if obj["kind"] == "ServiceMonitor":  # a CRD (Prometheus Operator): no schema in Kubernetes itself
+            assert obj["spec"]["endpoints"][0]["port"] == "metrics"
+            continue
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_production_service_never_selects_the_gate():
+    objects = render()
+    service = by_kind(objects, "Service")[0]
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "production"
+    deployments = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d for d in by_kind(objects, "Deployment")}
+    assert set(deployments) == {"production", "gate"}
+    gate_labels = deployments["gate"]["spec"]["template"]["metadata"]["labels"]
+    assert not set(service["spec"]["selector"].items()) <= set(gate_labels.items())
+    gate_args = deployments["gate"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--model-repository=s3://models/tritonship/staging" in gate_args
+    prod = deployments["production"]["spec"]["template"]["spec"]
+    assert not any("staging" in a for a in prod["containers"][0]["args"])
+    assert prod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert prod["terminationGracePeriodSeconds"] > int(
+        next(a for a in prod["containers"][0]["args"] if a.startswith("--exit-timeout-secs=")).split("=")[1]
+    )
+    assert by_kind(objects, "PodDisruptionBudget")[0]["spec"]["minAvailable"] == 1
+
+
+def test_irsa_values_use_the_role_and_no_secret():
+    objects = render(str(EXAMPLES / "aws-irsa.yaml"))
+    account = by_kind(objects, "ServiceAccount")[0]
+    assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith(":role/triton-s3-read")
+    prod = next(d for d in by_kind(objects, "Deployment") if d["metadata"]["name"].endswith("production"))
+    assert "replicas" not in prod["spec"]  # the HPA owns it
+    env = prod["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert [e["name"] for e in env] == ["AWS_DEFAULT_REGION"]
+    assert by_kind(objects, "HorizontalPodAutoscaler")
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("repository.uri=http://not-s3", "/repository/uri"),
+        ("image.tag=latest", "/image/tag"),
+        ("models[0]=../escape", "/models/0"),
+        ("ports.http=0", "/ports/http"),
+    ],
+)
+def test_a_wrong_value_fails_at_install(bad, message):
+    result = helm("template", "rel", str(CHART), "--set", bad)
+    assert result.returncode != 0 and message in result.stderr
+
+
+def _container_args(objects: list[dict], component: str) -> list[str]:
+    deployment = next(d for d in by_kind(objects, "Deployment") if d["metadata"]["name"].endswith(component))
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["tritonserver"]
+    return container["args"]
+
+
+def test_rendered_triton_arguments_come_up_ready_on_the_embedded_stack(tmp_path, stack):
+    name = unique("chart")
+    folder = mlp_folder(tmp_path, name)
+    repo = ModelRepository(f"s3://{stack.bucket}", stack.s3)
+    version = publish(folder, repo.uri, s3=stack.s3).version
+    repo.copy_to_production(name, version)
+    config = model_config.pin_version(model_config.parse_pbtxt((folder / "config.pbtxt").read_text()), version)
+    repo.write_desired_config(name, config, None)
+
+    started = []
+    try:
+        for component in ("production", "gate"):
+            ports = [str(free_port()) for _ in range(3)]
+            objects = render(sets=(
+                f"repository.uri=s3://{stack.bucket}", f"repository.endpoint={stack.s3.endpoint_url}",
+                f"models={{{name}}}", f"ports.http={ports[0]}", f"ports.grpc={ports[1]}", f"ports.metrics={ports[2]}",
+            ))  # fmt: skip
+            server = stack.launch_triton(f"chart-{component}-{name}", _container_args(objects, component))
+            started.append(server)
+        production, gate = started
+        with TritonAdmin(production.http_url) as admin:
+            assert admin.ready_versions(name) == [version]  # --load-model brought the desired state from S3
+        with TritonAdmin(gate.http_url) as admin:
+            assert admin.ready_versions(name) == []  # the gate loads nothing by itself
+            candidate = model_config.pin_version(model_config.renamed(config, f"{name}__candidate"), version)
+            admin.load(f"{name}__candidate", candidate)  # the staging repository is mounted
+            assert admin.ready_versions(f"{name}__candidate") == [version]
+    finally:
+        for server in started:
+            server.process.stop()
+            stack.servers.pop(server.name, None)

@@ -1,0 +1,93 @@
+"""Dockerfiles checked statically with the official BuildKit parser (no Docker engine here), and the
+version matrix kept consistent: compile image, Triton server image and gate image of one NGC release."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import dockerfile
+import pytest
+import yaml
+
+from pipelines.images import matrix
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGES = ROOT / "images"
+KINDS = ("compile", "gate", "tools")
+SECRET_WORDS = re.compile(r"(SECRET|PASSWORD|TOKEN|ACCESS_KEY|PRIVATE_KEY|AWS_)", re.I)
+
+
+def commands(kind: str) -> list[dockerfile.Command]:
+    return list(dockerfile.parse_file(str(IMAGES / f"{kind}.Dockerfile")))
+
+
+def release_of(image: str) -> str:
+    match = re.search(r":(\d{2}\.\d{2})-py3", image)
+    assert match, f"{image} is not an NGC <YY.MM>-py3 image"
+    return match.group(1)
+
+
+def check_compile_and_triton_releases(versions: dict) -> None:
+    releases = {k: release_of(versions["base"][k]) for k in ("compile", "triton", "gate")}
+    if len(set(releases.values())) != 1:
+        raise ValueError(f"compile, Triton and gate images come from different NGC releases: {releases}")
+
+
+def test_the_compile_and_triton_images_come_from_one_ngc_release():
+    check_compile_and_triton_releases(matrix())
+    chart_values = yaml.safe_load((ROOT / "manifests/helm/tritonship-triton/values.yaml").read_text())
+    assert f"{chart_values['image']['repository']}:{chart_values['image']['tag']}" == matrix()["base"]["triton"]
+    assert all(matrix()["ngc_release"] in matrix()["images"][k] for k in ("compile", "gate"))
+
+
+def test_a_mismatched_release_is_caught():
+    versions = yaml.safe_load(yaml.safe_dump(matrix()))
+    versions["base"]["compile"] = "nvcr.io/nvidia/pytorch:26.09-py3"
+    with pytest.raises(ValueError, match="different NGC releases"):
+        check_compile_and_triton_releases(versions)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dockerfile_base_is_pinned_and_is_the_matrix_one(kind):
+    bases = [c.value[0] for c in commands(kind) if c.cmd == "FROM"]
+    assert bases == [matrix()["base"][kind]]
+    for base in bases:
+        assert re.search(r":[\w][\w.-]*$", base) and not base.endswith(":latest"), base
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_copy_source_exists(kind):
+    for command in commands(kind):
+        if command.cmd in ("COPY", "ADD"):
+            sources = [v for v in command.value[:-1] if not v.startswith("--")]
+            assert sources, command.original
+            for source in sources:
+                assert (ROOT / source).exists(), f"{kind}.Dockerfile: {source} does not exist"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_runs_as_a_non_root_user_and_bakes_in_no_secret(kind):
+    parsed = commands(kind)
+    users = [c.value[0] for c in parsed if c.cmd == "USER"]
+    assert users and users[-1] not in ("root", "0"), "the last USER must not be root"
+    for command in parsed:
+        if command.cmd in ("ENV", "ARG", "LABEL"):
+            names = command.value[0::2] if command.cmd == "ENV" else [v.split("=")[0] for v in command.value]
+            assert not any(SECRET_WORDS.search(n) for n in names), command.original
+        assert "AKIA" not in command.original
+    assert (ROOT / ".dockerignore").exists()
+    ignored = (ROOT / ".dockerignore").read_text()
+    assert ".venv" in ignored and ".stack" in ignored
+
+
+def test_pipeline_components_use_the_matrix_images():
+    from kfp.dsl import PipelineTask  # noqa: F401 (kfp loaded: the pipeline module imports it)
+
+    from pipelines import pipeline
+
+    for component in (pipeline.export_op, pipeline.compile_op, pipeline.gate_op, pipeline.promote_op):
+        image = component.component_spec.implementation.container.image
+        assert image in matrix()["images"].values()
+    assert pipeline.compile_op.component_spec.implementation.container.image == matrix()["images"]["compile"]
+    assert pipeline.gate_op.component_spec.implementation.container.image == matrix()["images"]["gate"]
