@@ -18,9 +18,12 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+import numpy as np
 
 from components import log, model_config, perf
 from components.errors import TritonshipError
@@ -32,6 +35,8 @@ from components.triton_admin import TritonAdmin, TritonError
 
 LOG = log.get("gate")
 Verdict = Literal["pass", "fail", "inconclusive"]
+BOOTSTRAP_RESAMPLES = 200
+WARM_UP_REQUESTS = 50
 
 
 @dataclass(frozen=True)
@@ -61,22 +66,39 @@ class GateSettings:
 
 @dataclass
 class Figures:
-    """One model's measurements over the rounds (latencies in ms)."""
+    """One model's measurements over the rounds: per-round figures from perf_analyzer's CSV and every
+    request's latency from its profile export (ms)."""
 
     throughput: list[float] = field(default_factory=list)
     p50_ms: list[float] = field(default_factory=list)
     p99_ms: list[float] = field(default_factory=list)
+    samples: list[np.ndarray] = field(default_factory=list, repr=False)
 
-    def add(self, point: perf.LoadPoint) -> None:
+    def add(self, point: perf.LoadPoint, latencies_us: np.ndarray) -> None:
         self.throughput.append(point.throughput)
         self.p50_ms.append(point.p50_us / 1000)
         self.p99_ms.append(point.p99_us / 1000)
+        # Without request data (an old perf_analyzer), the round's own p99 stands for its tail.
+        self.samples.append(latencies_us / 1000 if latencies_us.size else np.array([point.p99_us / 1000]))
 
-    def median(self) -> dict[str, float | None]:
+    def pooled(self, q: float, rounds: np.ndarray | None = None) -> float:
+        """The q-th percentile over every request of the given rounds (all by default)."""
+        chosen = self.samples if rounds is None else [self.samples[i] for i in rounds]
+        return float(np.percentile(np.concatenate(chosen), q))
+
+    def summary(self) -> dict[str, float | None]:
+        """Throughput: median over rounds; p50 and p99: over all requests of all rounds together."""
+        if not self.throughput:
+            return {"throughput": None, "p50_ms": None, "p99_ms": None, "requests": 0}
         return {
-            k: (statistics.median(v) if v else None)
-            for k, v in (("throughput", self.throughput), ("p50_ms", self.p50_ms), ("p99_ms", self.p99_ms))
+            "throughput": statistics.median(self.throughput),
+            "p50_ms": self.pooled(50),
+            "p99_ms": self.pooled(99),
+            "requests": int(sum(s.size for s in self.samples)),
         }
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {"throughput": self.throughput, "p50_ms": self.p50_ms, "p99_ms": self.p99_ms}
 
 
 @dataclass
@@ -92,17 +114,31 @@ class GateResult:
     throughput_regression_pct: float | None = None
     noise_pct: float | None = None
     measurement_seconds: float = 0.0
+    stable_load_seconds: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
     runs: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["candidate_median"] = self.candidate.median()
-        data["stable_median"] = self.stable.median()
+        data = {k: v for k, v in self.__dict__.items() if k not in ("candidate", "stable")}
+        data["candidate"], data["stable"] = self.candidate.to_dict(), self.stable.to_dict()
+        data["candidate_summary"] = self.candidate.summary()
+        data["stable_summary"] = self.stable.summary()
         return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)
+
+
+def paired_intervals(candidate: Figures, stable: Figures, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """90% bootstrap intervals of the p99 ratio (pooled requests) and the throughput ratio (median of the
+    paired rounds), resampling whole rounds so that the spread between rounds is what is measured."""
+    rng = np.random.default_rng(seed)
+    rounds = len(candidate.throughput)
+    p99, throughput = [], []
+    for chosen in rng.integers(0, rounds, size=(BOOTSTRAP_RESAMPLES, rounds)):
+        p99.append(candidate.pooled(99, chosen) / stable.pooled(99, chosen))
+        throughput.append(statistics.median(candidate.throughput[i] / stable.throughput[i] for i in chosen))
+    return np.percentile(p99, [5, 95]), np.percentile(throughput, [5, 95])
 
 
 def evaluate(result: GateResult, settings: GateSettings) -> None:
@@ -110,17 +146,18 @@ def evaluate(result: GateResult, settings: GateSettings) -> None:
     t = settings.thresholds
     fails: list[str] = []
     doubts: list[str] = []
-    cand = result.candidate.median()
+    cand = result.candidate.summary()
     if t.max_p99_ms is not None and cand["p99_ms"] is not None and cand["p99_ms"] > t.max_p99_ms:
         fails.append(f"candidate p99 {cand['p99_ms']:.2f} ms exceeds the limit of {t.max_p99_ms:g} ms")
     if t.min_throughput is not None and cand["throughput"] is not None and cand["throughput"] < t.min_throughput:
         fails.append(f"candidate throughput {cand['throughput']:.0f}/s is below the limit of {t.min_throughput:g}/s")
     if result.stable_version is not None and t.relative and result.stable.throughput:
-        p99_ratios = [c / s for c, s in zip(result.candidate.p99_ms, result.stable.p99_ms, strict=True)]
+        stable = result.stable.summary()
         tp_ratios = [c / s for c, s in zip(result.candidate.throughput, result.stable.throughput, strict=True)]
-        result.p99_regression_pct = (statistics.median(p99_ratios) - 1) * 100
+        result.p99_regression_pct = (cand["p99_ms"] / stable["p99_ms"] - 1) * 100
         result.throughput_regression_pct = (1 - statistics.median(tp_ratios)) * 100
-        result.noise_pct = max(max(p99_ratios) - min(p99_ratios), max(tp_ratios) - min(tp_ratios)) * 100
+        p99_interval, tp_interval = paired_intervals(result.candidate, result.stable)
+        result.noise_pct = float(max(np.ptp(p99_interval), np.ptp(tp_interval)) * 100)
         if t.max_p99_regression_pct is not None and result.p99_regression_pct > t.max_p99_regression_pct:
             fails.append(
                 f"p99 latency regressed {result.p99_regression_pct:+.1f}% against stable v{result.stable_version} "
@@ -136,8 +173,8 @@ def evaluate(result: GateResult, settings: GateSettings) -> None:
             )
         if result.noise_pct > settings.max_noise_pct:
             doubts.append(
-                f"the rounds disagree by {result.noise_pct:.0f}% (limit {settings.max_noise_pct:g}%): "
-                "the measurement is too noisy to decide"
+                f"the rounds disagree: the 90% interval of the candidate/stable ratio is {result.noise_pct:.0f}% wide "
+                f"(limit {settings.max_noise_pct:g}%), too noisy to decide"
             )
     if not t.absolute and not (t.relative and result.stable_version is not None):
         doubts.append("no limit applies (first release without absolute limits): nothing to judge the candidate by")
@@ -184,7 +221,7 @@ def gate(
         report.write(result, out_dir)
     repo.record(
         model, "gate", version, run_id, verdict=result.verdict, reasons=result.reasons,
-        stable_version=stable_version, candidate_median=result.candidate.median(), stable_median=result.stable.median(),
+        stable_version=stable_version, candidate=result.candidate.summary(), stable=result.stable.summary(),
         p99_regression_pct=result.p99_regression_pct, throughput_regression_pct=result.throughput_regression_pct,
     )  # fmt: skip
     log.event(LOG, "verdict", model=model, version=version, verdict=result.verdict, reasons="; ".join(result.reasons))
@@ -221,12 +258,18 @@ def _measure(
         targets = [(cand_name, str(result.version), result.candidate)]
         if desired is not None and settings.thresholds.relative:
             try:
+                started = time.monotonic()
                 admin.load(result.model, desired)
                 admin.wait_ready(result.model, result.stable_version or "")
+                result.stable_load_seconds = time.monotonic() - started
                 targets.append((result.model, str(result.stable_version), result.stable))
             except TritonError as exc:
                 result.reasons.append(f"the stable version could not be loaded on the gate server: {exc}")
                 return
+        for name, version, _figures in targets:  # a freshly loaded model's first requests are slow
+            first = {k: v[:1] for k, v in candidate.golden_inputs.items()}
+            for _ in range(WARM_UP_REQUESTS):
+                admin.infer(name, first, candidate.output_names, version)
         try:
             _rounds(admin.url, candidate, targets, settings, result, out_dir)
         finally:
@@ -269,7 +312,7 @@ def _rounds(
                         f"perf_analyzer on {name} v{version} (round {round_index + 1}) {_exit_words(run)}: {run.reason}"
                     )
                     return
-                figures.add(run.points[0])
+                figures.add(run.points[0], run.latencies_us)
 
 
 def _exit_words(run: perf.PerfRun) -> str:

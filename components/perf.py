@@ -58,6 +58,8 @@ class PerfRun:
     csv_text: str = ""
     stderr_tail: str = ""
     seconds: float = 0.0
+    # every request's latency (microseconds) in the measured windows, from the profile export
+    latencies_us: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
 
     @property
     def ok(self) -> bool:
@@ -70,7 +72,8 @@ class PerfRun:
         return EXIT_REASONS.get(self.exit_code, f"perf_analyzer exited {self.exit_code}")
 
     def to_dict(self) -> dict[str, object]:
-        return {**asdict(self), "ok": self.ok, "reason": self.reason}
+        data = {k: v for k, v in asdict(self).items() if k != "latencies_us"}
+        return {**data, "requests": int(self.latencies_us.size), "ok": self.ok, "reason": self.reason}
 
 
 def write_input_data(samples: Mapping[str, np.ndarray], path: Path, batched: bool, limit: int = 64) -> Path:
@@ -87,6 +90,22 @@ def write_input_data(samples: Mapping[str, np.ndarray], path: Path, batched: boo
             break
     path.write_text(json.dumps({"data": entries}))
     return path
+
+
+def parse_profile_export(path: Path) -> np.ndarray:
+    """Latencies (us) of the requests perf_analyzer sent inside its measured windows."""
+    try:
+        experiment = json.loads(path.read_text())["experiments"][-1]
+    except (OSError, ValueError, KeyError, IndexError):
+        return np.empty(0)
+    bounds = experiment.get("window_boundaries") or []
+    start, end = (bounds[0], bounds[-1]) if len(bounds) >= 2 else (0, float("inf"))
+    latencies = [
+        (r["response_timestamps"][0] - r["timestamp"]) / 1000
+        for r in experiment.get("requests", [])
+        if r.get("response_timestamps") and start <= r["timestamp"] <= end
+    ]
+    return np.asarray(latencies, dtype=np.float64)
 
 
 def parse_csv(text: str) -> list[LoadPoint]:
@@ -148,6 +167,7 @@ def measure(
             "-s", str(load.stability_pct),
             "-r", str(load.max_trials),
             "-f", str(csv_path),
+            "--profile-export-file", str(Path(tmp) / "profile.json"),
             "--measurement-mode", "time_windows",
         ]  # fmt: skip
         if version:
@@ -166,6 +186,7 @@ def measure(
             exit_code, stderr = -1, f"perf_analyzer did not finish within {timeout:.0f} s"
         seconds = time.monotonic() - started
         csv_text = csv_path.read_text() if csv_path.exists() else ""
+        latencies = parse_profile_export(Path(tmp) / "profile.json") if exit_code == 0 else np.empty(0)
     run = PerfRun(
         model=model,
         version=version,
@@ -174,6 +195,7 @@ def measure(
         csv_text=csv_text,
         stderr_tail="\n".join(stderr.strip().splitlines()[-15:]),
         seconds=seconds,
+        latencies_us=latencies,
     )
     log.event(
         LOG,

@@ -18,6 +18,7 @@ Reject: unload the candidate from the gate, leave production untouched, record t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,12 +50,16 @@ class PromoteResult:
     promoted: bool
     reverted: bool = False
     problems: list[str] = field(default_factory=list)
+    load_seconds: list[float] = field(default_factory=list)  # per replica, Triton's own load time
 
 
-def _switch(admin: TritonAdmin, candidate: CandidateVersion, config: model_config.ModelConfig, version: int) -> None:
-    """Reload one replica to `config`, wait for `version`, check an unversioned answer comes from it and is right."""
+def _switch(admin: TritonAdmin, candidate: CandidateVersion, config: model_config.ModelConfig, version: int) -> float:
+    """Reload one replica to `config`, wait for `version`, check an unversioned answer comes from it and is
+    right. Returns the seconds Triton took to load."""
+    started = time.monotonic()
     admin.load(candidate.model, config)
     admin.wait_ready(candidate.model, version)
+    load_seconds = time.monotonic() - started
     first = {k: v[:1] for k, v in candidate.golden_inputs.items()}
     served = admin.served_version(candidate.model, first, candidate.output_names)
     if served != version:
@@ -62,6 +67,7 @@ def _switch(admin: TritonAdmin, candidate: CandidateVersion, config: model_confi
     accuracy = served_accuracy(admin, candidate.model, candidate, version)
     if not all(r.passed for r in accuracy):
         raise PromotionError(f"{admin.url} serves v{version} with wrong answers:\n{parity_table(accuracy)}")
+    return load_seconds
 
 
 def promote(
@@ -99,7 +105,7 @@ def promote(
         for replica, admin in zip(replicas, admins, strict=True):
             if progress:
                 progress("switching", replica)
-            _switch(admin, candidate, config, version)
+            result.load_seconds.append(_switch(admin, candidate, config, version))
             log.event(LOG, "replica switched", replica=replica.name, version=version)
             if progress:
                 progress("switched", replica)

@@ -55,7 +55,7 @@ def demo_parameters(stack: EmbeddedStack, model_source: str) -> dict[str, Any]:
 
 def summary_row(label: str, run: LocalRun) -> list[str]:
     verdict = run.verdict or {}
-    median = verdict.get("candidate_median") or {}
+    median = verdict.get("candidate_summary") or {}
     outcome = "promoted" if run.promoted else "rejected" if run.rejected else "-"
     return [
         label,

@@ -167,7 +167,7 @@ def gate_op(
         )  # fmt: skip
         Path(report.path).write_text((Path(tmp) / "report.md").read_text())
         Path(report_html.path).write_text((Path(tmp) / "report.html").read_text())
-    for prefix, figures in (("candidate", result.candidate.median()), ("stable", result.stable.median())):
+    for prefix, figures in (("candidate", result.candidate.summary()), ("stable", result.stable.summary())):
         for key, value in figures.items():
             if value is not None:
                 metrics.log_metric(f"{prefix}_{key}", round(value, 4))

@@ -97,7 +97,7 @@ def test_pipeline_runs_locally_for_a_passing_and_a_failing_candidate(tmp_path, s
     metrics = _metrics(slow)
     assert metrics["passed"] == 0.0 and metrics["p99_regression_pct"] > 20
     report = Path(slow.artifact("gate-op", "report")["uri"]).read_text()
-    assert report.startswith(f"# Gate: {name} v2 — **FAIL**") and "| stable | median |" in report
+    assert report.startswith(f"# Gate: {name} v2 — **FAIL**") and "| stable | all |" in report
     assert "<img" in Path(slow.artifact("gate-op", "report_html")["uri"]).read_text()
     parity = slow.artifact("compile-op", "parity")["metadata"]
     assert parity["scores.golden.max_abs_err"] < 1e-4

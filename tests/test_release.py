@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from components.gate import Figures, GateResult, GateSettings, Thresholds, evaluate, gate
+from components.perf import LoadPoint
 from components.promote import PromotionError, promote, reject
 from components.repository import ModelRepository, candidate_name
 from components.triton_admin import TritonAdmin
@@ -156,10 +157,12 @@ def test_unreachable_gate_server_makes_the_verdict_fail(tmp_path, stack):
 
 
 def _result(cand: list[tuple[float, float]], stable: list[tuple[float, float]] | None) -> GateResult:
+    """Figures from given per-round numbers; each round's requests all take its p99 (synthetic, exact)."""
+
     def figures(rows):
         f = Figures()
         for tp, p99 in rows or []:
-            f.throughput.append(tp), f.p50_ms.append(p99 / 2), f.p99_ms.append(p99)
+            f.add(LoadPoint(1, tp, p99 * 500, p99 * 900, p99 * 950, p99 * 1000, 0, 0), np.full(1000, p99 * 1000))
         return f
 
     return GateResult("m", 2, 1 if stable else None, "inconclusive", [], figures(cand), figures(stable))
@@ -171,7 +174,13 @@ def _result(cand: list[tuple[float, float]], stable: list[tuple[float, float]] |
         ([(1000, 1.0)] * 3, [(1000, 1.0)] * 3, Thresholds(), "pass", "every limit"),
         ([(1000, 1.3)] * 3, [(1000, 1.0)] * 3, Thresholds(), "fail", "p99 latency regressed +30.0%"),
         ([(800, 1.0)] * 3, [(1000, 1.0)] * 3, Thresholds(), "fail", "throughput dropped 20.0%"),
-        ([(1000, 1.0), (1000, 1.5), (1000, 0.8)], [(1000, 1.0)] * 3, Thresholds(), "inconclusive", "disagree"),
+        (
+            [(1000, 1.0), (1000, 1.5), (1000, 0.8)],
+            [(1000, 1.0)] * 3,
+            Thresholds(max_p99_regression_pct=60),
+            "inconclusive",
+            "disagree",
+        ),
         ([(1000, 1.0)] * 3, None, Thresholds(), "inconclusive", "no limit applies"),
         ([(1000, 5.0)] * 3, None, Thresholds(max_p99_ms=2), "fail", "exceeds the limit of 2 ms"),
         ([(90, 1.0)] * 3, None, Thresholds(min_throughput=100), "fail", "below the limit of 100/s"),
