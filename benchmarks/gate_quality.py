@@ -1,6 +1,6 @@
 """How good are the gate's decisions? A/A trials and injected latency regressions on the embedded stack.
 
-    .venv/bin/python benchmarks/gate_quality.py [--trials 20] [--rounds 3] [--window-ms 500] ...
+    .venv/bin/python benchmarks/gate_quality.py [--injections 0:20,10:6,25:20,50:6] [--rounds 5] ...
 
 Stable and every candidate are the same MLP served by tests/fixtures/delayed_model.py; candidates
 sleep a fixed time per request, sized as +0% (A/A), +10%, +25% and +50% of the stable's measured
@@ -43,13 +43,13 @@ def stable_median_us(stack: EmbeddedStack, folder: Path, load: perf.LoadSettings
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--trials", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--window-ms", type=int, default=500)
-    parser.add_argument("--stability-pct", type=float, default=20.0)
+    defaults = GateSettings()
+    parser.add_argument("--rounds", type=int, default=defaults.rounds)
+    parser.add_argument("--window-ms", type=int, default=defaults.load.window_ms)
+    parser.add_argument("--stability-pct", type=float, default=defaults.load.stability_pct)
     parser.add_argument("--max-regression-pct", type=float, default=10.0)
-    parser.add_argument("--max-noise-pct", type=float, default=20.0)
-    parser.add_argument("--injections", default="0,10,25,50")
+    parser.add_argument("--max-noise-pct", type=float, default=defaults.max_noise_pct)
+    parser.add_argument("--injections", default="0:20,10:6,25:20,50:6", help="percent:trials,...")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gate_quality.json")
     args = parser.parse_args()
     load = perf.LoadSettings(concurrency=1, window_ms=args.window_ms, stability_pct=args.stability_pct)
@@ -74,13 +74,13 @@ def main() -> None:
         base_us = stable_median_us(stack, stable, load)
         TritonAdmin(stack.gate.http_url).unload(MODEL)
         print(f"stable median latency {base_us:.0f} us at concurrency 1; settings {settings}", flush=True)
-        for pct in [int(p) for p in args.injections.split(",")]:
+        for pct, trials in (map(int, item.split(":")) for item in args.injections.split(",")):
             (tmp_path / f"c{pct}").mkdir()
             folder = delayed_folder(tmp_path / f"c{pct}", MODEL, delay_us=int(base_us * pct / 100))
             candidate = publish(folder, repo_uri, run_id=f"inject-{pct}", s3=stack.s3).version
             stage(repo_uri, MODEL, candidate, stack.gate.http_url, s3=stack.s3)
             verdicts, seconds, p99_changes, details = [], [], [], []
-            for trial in range(args.trials):
+            for trial in range(trials):
                 started = time.monotonic()
                 result = gate(repo_uri, MODEL, candidate, stack.gate.http_url, settings, s3=stack.s3)
                 verdicts.append(result.verdict)
@@ -121,8 +121,8 @@ def main() -> None:
         print(f"{'+' + str(r['injected_pct']) + '%':>9} {r['trials']:>6} {r['pass']:>5} {r['fail']:>5} {r['inconclusive']:>8} "
               f"{rate:>22} {observed if observed is None else f'{observed:+.1f}%':>9} {r['median_decision_seconds']:>10.1f}")  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"base_median_us": base_us, "settings": vars(args) | {"out": str(args.out)},
-                                    "results": results}, indent=2))  # fmt: skip
+    report = {"base_median_us": base_us, "settings": vars(args) | {"out": str(args.out)}, "results": results}
+    args.out.write_text(json.dumps(report, indent=2, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
 
 
 if __name__ == "__main__":

@@ -59,8 +59,9 @@ class Thresholds:
 class GateSettings:
     load: perf.LoadSettings = field(default_factory=perf.LoadSettings)
     thresholds: Thresholds = field(default_factory=Thresholds)
-    rounds: int = 3
-    max_noise_pct: float = 20.0  # rounds whose candidate/stable ratios spread wider than this are inconclusive
+    rounds: int = 5
+    # the 90% bootstrap interval of the candidate/stable ratios wider than this: inconclusive
+    max_noise_pct: float = 40.0
     perf_timeout_s: float = 300.0
 
 

@@ -137,8 +137,8 @@ class LoadSettings:
 
     concurrency: int = 1
     request_rate: float | None = None  # if set, a fixed request rate instead of concurrency
-    window_ms: int = 2000
-    stability_pct: float = 10.0
+    window_ms: int = 1000
+    stability_pct: float = 20.0
     max_trials: int = 10
     percentile: int | None = None  # stabilise on this latency percentile; None: on average latency
     batch_size: int = 1

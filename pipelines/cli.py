@@ -327,14 +327,14 @@ def gate_cmd(
     stage_result: Annotated[Path | None, typer.Option(help="the stage result JSON (its accuracy check counts)")] = None,
     concurrency: Annotated[int, typer.Option(help="perf_analyzer concurrency")] = 1,
     request_rate: Annotated[float | None, typer.Option(help="fixed request rate instead of concurrency")] = None,
-    rounds: Annotated[int, typer.Option(help="alternating candidate/stable rounds")] = 3,
+    rounds: Annotated[int, typer.Option(help="alternating candidate/stable rounds")] = 5,
     window_ms: Annotated[int, typer.Option(help="perf_analyzer measurement window")] = 1000,
-    stability_pct: Annotated[float, typer.Option(help="perf_analyzer stability threshold")] = 10.0,
+    stability_pct: Annotated[float, typer.Option(help="perf_analyzer stability threshold")] = 20.0,
     max_p99_ms: Annotated[float | None, typer.Option(help="absolute limit on candidate p99 latency")] = None,
     min_throughput: Annotated[float | None, typer.Option(help="absolute limit on candidate inferences/s")] = None,
     max_p99_regression_pct: Annotated[float | None, typer.Option(help="limit relative to stable")] = 10.0,
     max_throughput_regression_pct: Annotated[float | None, typer.Option(help="limit relative to stable")] = 10.0,
-    max_noise_pct: Annotated[float, typer.Option(help="rounds spreading wider than this are inconclusive")] = 20.0,
+    max_noise_pct: Annotated[float, typer.Option(help="a wider 90% interval of the ratios is inconclusive")] = 40.0,
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Measure candidate against stable with perf_analyzer and decide pass / fail / inconclusive. Exit 0 only on pass."""

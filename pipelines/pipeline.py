@@ -316,14 +316,14 @@ def release_pipeline(
     replicas: str = "k8s://triton/app.kubernetes.io/component=production",
     gate: str = "k8s://triton/app.kubernetes.io/component=gate",
     concurrency: int = 4,
-    rounds: int = 3,
-    window_ms: int = 2000,
-    stability_pct: float = 10.0,
+    rounds: int = 5,
+    window_ms: int = 1000,
+    stability_pct: float = 20.0,
     max_p99_ms: float = 0.0,
     min_throughput: float = 0.0,
     max_p99_regression_pct: float = 10.0,
     max_throughput_regression_pct: float = 10.0,
-    max_noise_pct: float = 20.0,
+    max_noise_pct: float = 40.0,
 ):
     exported = _with_s3_secret(
         export_op(model_source=model_source, checkpoint=checkpoint, signature=signature, golden_samples=golden_samples),
