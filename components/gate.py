@@ -238,6 +238,9 @@ def _measure(
     gate_url: str,
     out_dir: Path | None,
 ) -> None:
+    if stage_result is not None and stage_result.load_error:
+        _failed(result, f"the gate server could not load the candidate: {stage_result.load_error}")
+        return
     if stage_result is not None and not stage_result.accuracy_passed:
         failed = [r.name for r in stage_result.accuracy if not r.passed]
         _failed(
@@ -278,10 +281,6 @@ def _measure(
                 admin.unload(result.model)
     if not result.reasons:
         evaluate(result, settings)
-    elif any("exited" in r or "unreachable" in r or "no valid requests" in r for r in result.reasons):
-        result.verdict = "fail"
-    else:
-        result.verdict = "inconclusive"
 
 
 def _rounds(
@@ -309,6 +308,9 @@ def _rounds(
                     raw.mkdir(parents=True, exist_ok=True)
                     (raw / f"{name}-v{version}-round{round_index}.csv").write_text(run.csv_text)
                 if not run.ok:
+                    # An unstable window is noise (inconclusive); a crash, no valid request or an
+                    # unreachable server is a failure.
+                    result.verdict = "inconclusive" if run.exit_code == 2 else "fail"
                     result.reasons.append(
                         f"perf_analyzer on {name} v{version} (round {round_index + 1}) {_exit_words(run)}: {run.reason}"
                     )

@@ -26,7 +26,7 @@ from components import log, model_config
 from components.errors import TritonshipError
 from components.parity import parity_table
 from components.replicas import Replica
-from components.repository import ModelRepository, candidate_name
+from components.repository import ModelRepository, candidate_name, lease_owner
 from components.s3repo import S3Settings
 from components.stage import CandidateVersion, read_candidate, served_accuracy
 from components.triton_admin import TritonAdmin
@@ -88,6 +88,25 @@ def promote(
     if not replicas:
         raise PromotionError("no production replicas were given; nothing would serve the new version.")
     repo = ModelRepository(repository, s3)
+    owner = lease_owner(run_id, model, version)
+    repo.acquire_lease(model, owner)  # renews our lease; refuses if another release holds the model
+    try:
+        return _promote(repo, model, version, replicas, gate_url, settings, run_id, progress, load_timeout)
+    finally:
+        repo.release_lease(model, owner)
+
+
+def _promote(
+    repo: ModelRepository,
+    model: str,
+    version: int,
+    replicas: list[Replica],
+    gate_url: str | None,
+    settings: model_config.ServingSettings | None,
+    run_id: str,
+    progress: Progress | None,
+    load_timeout: float,
+) -> PromoteResult:
     candidate = read_candidate(repo, model, version)
     previous, etag = repo.desired_config(model)
     previous_version = previous.version_policy.specific.versions[0] if previous else None
@@ -183,4 +202,5 @@ def reject(
     repo = ModelRepository(repository, s3)
     unloaded = unload_candidate(gate_url, model) if gate_url else False
     repo.record(model, "rejected", version, run_id, verdict=verdict, reasons=reasons, candidate_unloaded=unloaded)
+    repo.release_lease(model, lease_owner(run_id, model, version))
     log.event(LOG, "rejected", model=model, version=version, verdict=verdict)

@@ -52,6 +52,20 @@ class VersionConflict(RepositoryError):
     """Someone else wrote the object first (a conditional write failed)."""
 
 
+class LeaseHeld(RepositoryError):
+    """Another run is releasing the same model."""
+
+    exit_code = 3
+
+
+DEFAULT_LEASE_SECONDS = 3600.0
+
+
+def lease_owner(run_id: str, model: str, version: int) -> str:
+    """Who holds a release: the pipeline run, or (by hand) the model version being released."""
+    return run_id or f"manual:{model}:v{version}"
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -393,6 +407,57 @@ class ModelRepository:
             Bucket=self.bucket,
             Key=self._key(PRODUCTION, model, CONFIG),
         )
+
+    # --------------------------------------------------------------------------- release lease
+    def acquire_lease(self, model: str, owner: str, seconds: float = DEFAULT_LEASE_SECONDS) -> dict[str, Any]:
+        """Take (or renew) the model's release lease: one release at a time per model.
+
+        Conditional writes make it safe against a concurrent taker: create with If-None-Match, renew
+        or take over an expired lease with If-Match on the ETag that was read. A run that died leaves
+        a lease that expires and is then taken over.
+        """
+        key = self._key("leases", f"{model}.json")
+        for _attempt in range(5):
+            now = time.time()
+            body = json.dumps({"owner": owner, "acquired": utc_now(), "expires": now + seconds}).encode()
+            current, etag = self._read_with_etag(key)
+            try:
+                if current is None:
+                    self._put_new(key, body)
+                elif current["owner"] == owner or current["expires"] < now:
+                    self._call(
+                        "renew the lease", self.s3.put_object, Bucket=self.bucket, Key=key, Body=body, IfMatch=etag
+                    )
+                    if current["owner"] != owner:
+                        log.event(LOG, "expired lease taken over", model=model, previous=current["owner"], owner=owner)
+                else:
+                    left = current["expires"] - now
+                    raise LeaseHeld(
+                        f"'{model}' is being released by run {current['owner']} (lease for {left:.0f} s more); "
+                        "wait for it to finish, or for the lease to expire if that run died."
+                    )
+                return json.loads(body)
+            except VersionConflict:
+                continue  # someone wrote between our read and our write: read again
+        raise LeaseHeld(f"the release lease of '{model}' is contended; try again.")
+
+    def release_lease(self, model: str, owner: str) -> bool:
+        """Give the lease back if `owner` holds it; False if someone else does (or nobody)."""
+        key = self._key("leases", f"{model}.json")
+        current, _etag = self._read_with_etag(key)
+        if current is None or current["owner"] != owner:
+            return False
+        self._call("release the lease", self.s3.delete_object, Bucket=self.bucket, Key=key)
+        return True
+
+    def _read_with_etag(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
+        try:
+            response = self.s3.get_object(Bucket=self.bucket, Key=key)
+        except S3_EXCEPTIONS as exc:
+            if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None, None
+            raise explain(exc, f"read s3://{self.bucket}/{key}", self.bucket) from None
+        return json.loads(response["Body"].read()), response["ETag"]
 
     # ------------------------------------------------------------------------------- history
     def record(self, model: str, event: str, version: int | None = None, run_id: str = "", **details: Any) -> str:

@@ -17,10 +17,10 @@ import numpy as np
 from components import log, model_config
 from components.errors import TritonshipError
 from components.parity import OutputParity, Tolerance, compare, parity_table
-from components.repository import ModelRepository, candidate_name
+from components.repository import ModelRepository, candidate_name, lease_owner
 from components.s3repo import S3Settings
 from components.signature import Signature
-from components.triton_admin import TritonAdmin
+from components.triton_admin import TritonAdmin, TritonError, TritonUnreachable
 
 LOG = log.get("stage")
 
@@ -38,6 +38,7 @@ class StageResult:
     accuracy_passed: bool
     accuracy: list[OutputParity] = field(default_factory=list)
     load_seconds: float = 0.0
+    load_error: str = ""  # Triton refused the candidate (bad config, model that fails to initialise)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -108,21 +109,30 @@ def stage(
 ) -> StageResult:
     repo = ModelRepository(repository, s3)
     candidate = read_candidate(repo, model, version)
+    repo.acquire_lease(model, lease_owner(run_id, model, version))  # one release of a model at a time
     if tolerance is not None:
         candidate = CandidateVersion(**{**candidate.__dict__, "tolerance": tolerance})
     name = candidate_name(model)
+    load_error, accuracy = "", []
     with TritonAdmin(gate_url, load_timeout=load_timeout) as gate:
-        gate.ensure_live()
+        gate.ensure_live()  # an unreachable gate is an error of the step, not a verdict on the model
         started = time.monotonic()
-        gate.load(name, candidate.candidate_config())
-        gate.wait_ready(name, version)
+        try:
+            gate.load(name, candidate.candidate_config())
+            gate.wait_ready(name, version)
+        except TritonUnreachable:
+            raise
+        except TritonError as exc:
+            load_error = str(exc)
         load_seconds = time.monotonic() - started
-        accuracy = served_accuracy(gate, name, candidate, version)
-    passed = all(r.passed for r in accuracy)
-    result = StageResult(model, version, name, gate.url, passed, accuracy, round(load_seconds, 3))
+        if not load_error:
+            accuracy = served_accuracy(gate, name, candidate, version)
+    passed = not load_error and all(r.passed for r in accuracy)
+    result = StageResult(model, version, name, gate.url, passed, accuracy, round(load_seconds, 3), load_error)
     repo.record(
-        model, "staged", version, run_id, gate=gate.url, accuracy_passed=passed, accuracy=[asdict(r) for r in accuracy]
-    )
+        model, "staged", version, run_id, gate=gate.url, accuracy_passed=passed,
+        accuracy=[asdict(r) for r in accuracy], load_error=load_error,
+    )  # fmt: skip
     log.event(LOG, "staged", model=model, version=version, gate=gate.url, accuracy_passed=passed)
     if not passed:
         log.event(LOG, "accuracy check failed", level=30, table="\n" + parity_table(accuracy))

@@ -282,6 +282,9 @@ GateOption = Annotated[
 ]
 ModelOption = Annotated[str, typer.Option("--model", "-m", help="model name")]
 VersionOption = Annotated[int, typer.Option("--version", help="candidate version")]
+UnloadGateOption = Annotated[
+    str | None, typer.Option("--gate", envvar="TRITONSHIP_GATE", help="the gate server, to unload the candidate from")
+]
 
 
 def _one_server(spec: str) -> str:
@@ -306,6 +309,8 @@ def stage_cmd(
 
     with console.status(f"loading {model} v{version} on the gate"):
         staged = stage(repository, model, version, _one_server(gate), s3=s3_settings(s3_endpoint))
+    if staged.load_error:
+        raise TritonshipError(f"the gate server could not load the candidate: {staged.load_error}")
     out_console_line(parity_table(staged.accuracy))
     if result:
         result.write_text(staged.to_json())
@@ -370,9 +375,7 @@ def promote_cmd(
     repository: RepositoryOption,
     verdict: Annotated[Path, typer.Option(help="verdict.json written by `tritonship gate`; must say pass")],
     replicas: Annotated[str, typer.Option(help="production replicas: host:port,... or k8s://ns/selector")],
-    gate: Annotated[
-        str | None, typer.Option("--gate", envvar="TRITONSHIP_GATE", help="unload the candidate here")
-    ] = None,
+    gate: UnloadGateOption = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Roll the gated candidate out to every production replica, one at a time; revert on any failure."""
@@ -397,9 +400,7 @@ def promote_cmd(
 def reject_cmd(
     repository: RepositoryOption,
     verdict: Annotated[Path, typer.Option(help="verdict.json written by `tritonship gate`")],
-    gate: Annotated[
-        str | None, typer.Option("--gate", envvar="TRITONSHIP_GATE", help="unload the candidate here")
-    ] = None,
+    gate: UnloadGateOption = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Unload the candidate from the gate, leave production untouched, record the verdict."""
@@ -409,6 +410,30 @@ def reject_cmd(
     reject(repository, decided["model"], int(decided["version"]), decided["verdict"], decided["reasons"],
            gate_url=_one_server(gate) if gate else None, s3=s3_settings(s3_endpoint))  # fmt: skip
     out_console_line(f"rejected {decided['model']} v{decided['version']} ({decided['verdict']}); production unchanged")
+
+
+@app.command("reconcile")
+@friendly_errors
+def reconcile_cmd(
+    repository: RepositoryOption,
+    replicas: Annotated[str, typer.Option(help="production replicas: host:port,... or k8s://ns/selector")],
+    model: Annotated[list[str] | None, typer.Option("--model", "-m", help="only these models (repeat)")] = None,
+    dry_run: Annotated[bool, typer.Option(help="only report what differs")] = False,
+    s3_endpoint: EndpointOption = None,
+) -> None:
+    """Make every production replica serve the desired state in S3; exit 1 if any replica does not."""
+    from rich.table import Table
+
+    from components.reconcile import reconcile
+    from components.replicas import resolve
+
+    states = reconcile(repository, resolve(replicas), model or None, dry_run, s3_settings(s3_endpoint))
+    table = Table("replica", "model", "desired", "was serving", "action")
+    for s in states:
+        table.add_row(s.replica, s.model, str(s.desired), ",".join(map(str, s.serving)) or "-", s.action)
+    out.print(table)
+    if not all(s.ok for s in states):
+        raise typer.Exit(1)
 
 
 # ---------------------------------------------------------------------------------- pipeline / runs

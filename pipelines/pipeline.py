@@ -210,12 +210,16 @@ def reject_op(
 
 
 @dsl.component(base_image=image("tools"))
-def unload_candidate_op(gate: str, model_name: str):
-    """Exit handler: whatever happened, the candidate does not stay loaded on the gate server."""
+def finish_release_op(repository: str, model_name: str, gate: str, s3_endpoint: str, run_id: str):
+    """Exit handler: whatever happened, the candidate leaves the gate server and this run's release
+    lease on the model is given back (promote and reject give it back themselves on their paths)."""
     from components.promote import unload_candidate
     from components.replicas import resolve
+    from components.repository import ModelRepository
+    from components.s3repo import S3Settings
 
     unload_candidate(resolve(gate)[0].url, model_name)
+    ModelRepository(repository, S3Settings.from_env(s3_endpoint)).release_lease(model_name, run_id)
 
 
 def _with_s3_secret(task: dsl.PipelineTask, secret_name: str) -> dsl.PipelineTask:
@@ -243,8 +247,12 @@ def release_steps(
     max_noise_pct: float,
 ):
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-    cleanup = unload_candidate_op(gate=gate, model_name=model_name)
-    with dsl.ExitHandler(cleanup, name="always-unload-candidate"):
+    cleanup = _with_s3_secret(
+        finish_release_op(repository=repository, model_name=model_name, gate=gate, s3_endpoint=s3_endpoint,
+                          run_id=run_id),
+        aws_secret_name,
+    )  # fmt: skip
+    with dsl.ExitHandler(cleanup, name="always-finish-release"):
         published = _with_s3_secret(
             publish_op(compiled=compiled, repository=repository, s3_endpoint=s3_endpoint, run_id=run_id),
             aws_secret_name,

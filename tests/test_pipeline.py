@@ -50,6 +50,7 @@ def test_compiled_yaml_has_the_kubernetes_settings_and_pinned_images_and_no_secr
         "exec-gate-op",
         "exec-promote-op",
         "exec-reject-op",
+        "exec-finish-release-op",
     ):
         env = platform[name]["secretAsEnv"][0]
         assert {k["envVar"] for k in env["keyToEnv"]} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}

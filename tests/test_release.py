@@ -109,6 +109,37 @@ def test_candidate_with_wrong_answers_fails_the_accuracy_gate(tmp_path, stack):
     TritonAdmin(stack.gate.http_url).unload(candidate_name(name))
 
 
+def test_candidate_that_triton_cannot_load_fails_the_gate_and_production_is_untouched(tmp_path, stack):
+    name = unique()
+    release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    broken = _folder(tmp_path, name, "v2")
+    (broken / "1" / "model.py").write_text("raise RuntimeError('this model cannot initialise')\n")
+    version, staged, verdict = stage_and_gate(stack, broken)
+    assert not staged.accuracy_passed and "this model cannot initialise" in staged.load_error
+    assert verdict.verdict == "fail" and verdict.reasons[0].startswith("the gate server could not load the candidate")
+    assert _served(stack, name) == [1, 1]
+    staged_event = [e for e in ModelRepository(repository(stack), stack.s3).history(name) if e["event"] == "staged"][-1]
+    assert staged_event["version"] == version and "cannot initialise" in staged_event["load_error"]
+
+
+def test_a_second_release_of_the_same_model_waits_for_the_first(tmp_path, stack):
+    from components.publish import publish
+    from components.repository import LeaseHeld
+    from components.stage import stage
+
+    name = unique()
+    first = publish(_folder(tmp_path, name, "a"), repository(stack), s3=stack.s3).version
+    second = publish(_folder(tmp_path, name, "b", seed=3), repository(stack), s3=stack.s3).version
+    stage(repository(stack), name, first, stack.gate.http_url, s3=stack.s3, run_id="run-first")
+    with pytest.raises(LeaseHeld, match="being released by run run-first"):
+        stage(repository(stack), name, second, stack.gate.http_url, s3=stack.s3, run_id="run-second")
+    assert TritonAdmin(stack.gate.http_url).ready_versions(candidate_name(name)) == [first]  # untouched
+    reject(repository(stack), name, first, "fail", ["test"], stack.gate.http_url, s3=stack.s3, run_id="run-first")
+    stage(repository(stack), name, second, stack.gate.http_url, s3=stack.s3, run_id="run-second")
+    assert TritonAdmin(stack.gate.http_url).ready_versions(candidate_name(name)) == [second]
+    reject(repository(stack), name, second, "fail", ["test"], stack.gate.http_url, s3=stack.s3, run_id="run-second")
+
+
 def test_replica_killed_during_promotion_reverts_to_stable(tmp_path, stack):
     name = unique()
     release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
@@ -212,3 +243,20 @@ def test_cli_gate_exit_code_and_promote_refuses_a_failed_verdict(tmp_path, stack
     )  # fmt: skip
     assert gate_run.returncode == 1 and "verdict: fail" in gate_run.stdout
     assert json.loads((tmp_path / "g" / "verdict.json").read_text())["verdict"] == "fail"
+
+
+def test_reconcile_brings_every_replica_to_the_desired_state(tmp_path, stack):
+    from components.reconcile import reconcile
+
+    name = unique()
+    release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    # An incident: one replica restarted without --load-model, the other had a version unloaded by hand.
+    stack.restart_triton("prod-0")
+    TritonAdmin(stack.replicas[1].http_url).unload(name)
+    report = reconcile(repository(stack), replicas(stack), [name], dry_run=True, s3=stack.s3)
+    assert [(s.serving, s.action) for s in report] == [((), "would load"), ((), "would load")]
+    assert TritonAdmin(stack.replicas[0].http_url).ready_versions(name) == []  # a dry run changes nothing
+    fixed = reconcile(repository(stack), replicas(stack), [name], s3=stack.s3)
+    assert [s.action for s in fixed] == ["loaded", "loaded"] and all(s.ok for s in fixed)
+    assert _served(stack, name) == [1, 1]
+    assert all(s.action == "in sync" for s in reconcile(repository(stack), replicas(stack), [name], s3=stack.s3))

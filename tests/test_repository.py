@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError
 from components import model_config
 from components.model_folder import ModelFolderError
 from components.publish import publish
-from components.repository import ModelRepository, RepositoryError, candidate_name
+from components.repository import LeaseHeld, ModelRepository, RepositoryError, candidate_name
 from components.s3repo import S3Error, S3Settings
 from components.triton_admin import TritonAdmin
 from pipelines.stack import ManagedProcess, free_port, port_is_open
@@ -290,3 +290,38 @@ def test_repo_cli_lists_and_shows_history(tmp_path, stack, repo):
     gate = next(i for i, line in enumerate(lines) if "gate" in line and "verdict" in line)
     assert published < gate
     assert json.loads(json.dumps(repo.history(name)[-1]))["verdict"] == "fail"
+
+
+def test_release_lease_lets_one_release_of_a_model_proceed_and_expires(stack, repo):
+    name, other = _name(), _name()
+    repo.acquire_lease(name, "run-a")
+    with pytest.raises(LeaseHeld, match=rf"'{name}' is being released by run run-a .*wait for it to finish"):
+        repo.acquire_lease(name, "run-b")
+    repo.acquire_lease(name, "run-a")  # the holder renews
+    repo.acquire_lease(other, "run-b")  # another model is released in parallel
+    assert not repo.release_lease(name, "run-b")  # only the holder gives it back
+    assert repo.release_lease(name, "run-a")
+    repo.acquire_lease(name, "run-b", seconds=0.3)
+    time.sleep(0.5)
+    repo.acquire_lease(name, "run-c")  # run-b died: its lease expired and is taken over
+    with pytest.raises(LeaseHeld, match="run-c"):
+        repo.acquire_lease(name, "run-b")
+
+
+def test_racing_runs_get_the_lease_exactly_once(stack, repo):
+    name = _name()
+    winners, losers = [], []
+
+    def take(owner: str) -> None:
+        try:
+            repo.acquire_lease(name, owner)
+            winners.append(owner)
+        except LeaseHeld:
+            losers.append(owner)
+
+    threads = [threading.Thread(target=take, args=(f"run-{i}",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(winners) == 1 and len(losers) == 5
