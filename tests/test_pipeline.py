@@ -109,6 +109,7 @@ def test_pipeline_runs_locally_for_a_passing_and_a_failing_candidate(tmp_path, s
         ("published", 2), ("staged", 2), ("gate", 2), ("rejected", 2),
     ]  # fmt: skip
     assert {e["run_id"] for e in history if e["version"] == 1} != {e["run_id"] for e in history if e["version"] == 2}
+    _assert_no_secret_in_outputs(stack, tmp_path, [first.log, slow.log], name)
     features = {"features": __import__("numpy").zeros((1, 32), "float32")}
     assert [TritonAdmin(s.http_url).served_version(name, features, ["scores"]) for s in stack.replicas] == [1, 1]
     assert not TritonAdmin(stack.gate.http_url).is_ready(f"{name}__candidate")  # the exit handler ran
@@ -132,3 +133,22 @@ def test_example_training_pipeline_releases_what_it_trained(tmp_path, stack, mon
     assert trained["artifacts"]["trained"]["artifacts"][0]["metadata"]["final_loss"] >= 0
     events = [e["event"] for e in ModelRepository(f"s3://{stack.bucket}", stack.s3).history(name)]
     assert events == ["published", "staged", "gate", "promoted"]
+
+
+def _assert_no_secret_in_outputs(stack, run_root: Path, logs: list[str], model: str) -> None:
+    """Every output of the runs: task outputs and artifacts, the runner's log, the S3 history and
+    objects of the release, and the servers' logs, searched for the S3 credentials."""
+    secrets = [stack.s3.secret_access_key, stack.s3.access_key_id]
+    assert all(secrets)
+    texts = {f"log {i}": text for i, text in enumerate(logs)}
+    texts |= {str(p): p.read_bytes().decode(errors="replace") for p in run_root.rglob("*") if p.is_file()}
+    texts |= {str(p): p.read_text(errors="replace") for p in (stack.workdir / "logs").glob("*.log")}
+    client = stack.s3.client()
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=stack.bucket):
+        for entry in page.get("Contents", []):
+            if model in entry["Key"]:
+                body = client.get_object(Bucket=stack.bucket, Key=entry["Key"])["Body"].read()
+                texts[entry["Key"]] = body.decode(errors="replace")
+    assert len(texts) > 20
+    leaks = [where for where, text in texts.items() if any(s in text for s in secrets)]
+    assert leaks == [], f"credentials found in {leaks}"
