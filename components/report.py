@@ -73,10 +73,13 @@ def plot(result: GateResult, path: Path) -> bool:
     for label, figures, color in series:
         if not figures.throughput:
             continue
-        ax.scatter(figures.throughput, figures.p99_ms, color=color, label=f"{label} p99", marker="o")
-        ax.scatter(figures.throughput, figures.p50_ms, color=color, label=f"{label} p50", marker="x", alpha=0.7)
+        ax.scatter(figures.throughput, figures.p99_ms, color=color, label=f"{label} p99 per round", marker="o")
+        ax.scatter(
+            figures.throughput, figures.p50_ms, color=color, label=f"{label} p50 per round", marker="x", alpha=0.7
+        )
         summary = figures.summary()
-        ax.scatter([summary["throughput"]], [summary["p99_ms"]], color=color, marker="*", s=220, edgecolor="black")
+        ax.scatter([summary["throughput"]], [summary["p99_ms"]], color=color, marker="*", s=220, edgecolor="black",
+                   label=f"{label} p99, all rounds")  # fmt: skip
     ax.set_xlabel("throughput (inferences/s)")
     ax.set_ylabel("latency (ms)")
     ax.set_title(f"{result.model} v{result.version}: {result.verdict}")
