@@ -90,9 +90,13 @@ def main() -> None:
                 details.append(
                     {
                         "verdict": result.verdict,
-                        "candidate": result.candidate.__dict__,
-                        "stable": result.stable.__dict__,
+                        "candidate": result.candidate.to_dict(),
+                        "stable": result.stable.to_dict(),
+                        "p99_regression_pct": result.p99_regression_pct,
+                        "throughput_regression_pct": result.throughput_regression_pct,
+                        "noise_pct": result.noise_pct,
                         "measurement_seconds": result.measurement_seconds,
+                        "stable_load_seconds": result.stable_load_seconds,
                     }
                 )
                 print(f"  +{pct}% trial {trial + 1}: {result.verdict} ({'; '.join(result.reasons)[:100]})", flush=True)
