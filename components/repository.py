@@ -172,12 +172,17 @@ class ModelRepository:
             raise explain(exc, "reach the bucket", self.bucket) from None
 
     def _get(self, key: str) -> bytes | None:
+        return self._get_with_etag(key)[0]
+
+    def _get_with_etag(self, key: str) -> tuple[bytes | None, str | None]:
+        """The object's bytes and ETag, or (None, None) if it does not exist."""
         try:
-            return self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            response = self.s3.get_object(Bucket=self.bucket, Key=key)
         except S3_EXCEPTIONS as exc:
             if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                return None
+                return None, None
             raise explain(exc, f"read s3://{self.bucket}/{key}", self.bucket) from None
+        return response["Body"].read(), response["ETag"]
 
     def _put_new(self, key: str, body: bytes) -> None:
         """Create `key` only if it does not exist (S3 conditional write)."""
@@ -377,13 +382,10 @@ class ModelRepository:
     def desired_config(self, model: str) -> tuple[ModelConfig | None, str | None]:
         """The production config.pbtxt (desired state) and its ETag, or (None, None) before the first release."""
         key = self._key(PRODUCTION, model, CONFIG)
-        try:
-            response = self.s3.get_object(Bucket=self.bucket, Key=key)
-        except S3_EXCEPTIONS as exc:
-            if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                return None, None
-            raise explain(exc, f"read s3://{self.bucket}/{key}", self.bucket) from None
-        return parse_pbtxt(response["Body"].read().decode(), f"s3://{self.bucket}/{key}"), response["ETag"]
+        body, etag = self._get_with_etag(key)
+        if body is None:
+            return None, None
+        return parse_pbtxt(body.decode(), f"s3://{self.bucket}/{key}"), etag
 
     def write_desired_config(self, model: str, config: ModelConfig, expected_etag: str | None) -> str:
         """Replace config.pbtxt atomically, only if it is still the one read (ETag), or create it if none was."""
@@ -420,7 +422,7 @@ class ModelRepository:
         for _attempt in range(5):
             now = time.time()
             body = json.dumps({"owner": owner, "acquired": utc_now(), "expires": now + seconds}).encode()
-            current, etag = self._read_with_etag(key)
+            current, etag = self._read_lease(key)
             try:
                 if current is None:
                     self._put_new(key, body)
@@ -444,20 +446,15 @@ class ModelRepository:
     def release_lease(self, model: str, owner: str) -> bool:
         """Give the lease back if `owner` holds it; False if someone else does (or nobody)."""
         key = self._key("leases", f"{model}.json")
-        current, _etag = self._read_with_etag(key)
+        current, _etag = self._read_lease(key)
         if current is None or current["owner"] != owner:
             return False
         self._call("release the lease", self.s3.delete_object, Bucket=self.bucket, Key=key)
         return True
 
-    def _read_with_etag(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
-        try:
-            response = self.s3.get_object(Bucket=self.bucket, Key=key)
-        except S3_EXCEPTIONS as exc:
-            if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                return None, None
-            raise explain(exc, f"read s3://{self.bucket}/{key}", self.bucket) from None
-        return json.loads(response["Body"].read()), response["ETag"]
+    def _read_lease(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
+        body, etag = self._get_with_etag(key)
+        return (json.loads(body), etag) if body is not None else (None, None)
 
     # ------------------------------------------------------------------------------- history
     def record(self, model: str, event: str, version: int | None = None, run_id: str = "", **details: Any) -> str:
