@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/multipart.py [--size-mib 1024] [--repeats 3]
 
 Runs against the embedded S3 server (moto) on loopback, so it measures the client side and the
-server's ingestion on this machine, not a network. Prints a table and writes benchmarks/multipart.json.
+server's ingestion on this machine, not a network. Prints a table and writes benchmarks/results/multipart.json.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ def main() -> None:
                 fh.write(bytes(range(256)) * 4096)
         client = stack.s3.client()
         configs = {
-            "multipart 64 MiB x8 (ours)": TRANSFER,
-            "multipart 16 MiB x4": TransferConfig(
-                multipart_threshold=16 * MIB, multipart_chunksize=16 * MIB, max_concurrency=4
+            "multipart 16 MiB x4 (ours)": TRANSFER,
+            "multipart 64 MiB x8": TransferConfig(
+                multipart_threshold=64 * MIB, multipart_chunksize=64 * MIB, max_concurrency=8
             ),
             "multipart 256 MiB x2": TransferConfig(
                 multipart_threshold=256 * MIB, multipart_chunksize=256 * MIB, max_concurrency=2
@@ -65,7 +65,7 @@ def main() -> None:
     print(f"{'method':<28} {'median s':>9} {'MiB/s':>8} {'speed-up':>9}")
     for method, seconds in result["median_seconds"].items():
         print(f"{method:<28} {seconds:>9.2f} {args.size_mib / seconds:>8.0f} {single / seconds:>8.2f}x")
-    Path(__file__).with_suffix(".json").write_text(json.dumps(result, indent=2))
+    (Path(__file__).parent / "results" / "multipart.json").write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

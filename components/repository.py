@@ -39,8 +39,8 @@ MANIFEST = "manifest.json"
 CONFIG = "config.pbtxt"
 PRODUCTION = "models"
 STAGING = "staging"
-# Multipart above 16 MiB in 16 MiB parts, 4 in flight: the fastest of the settings benchmarks/multipart.py
-# compared (and parts keep retries small; a single PUT also stops at 5 GiB).
+# Multipart above 16 MiB in 16 MiB parts, 4 in flight: the fastest multipart setting benchmarks/multipart.py
+# measured (as fast as one PUT there); parts keep retries small, and a single PUT stops at 5 GiB.
 TRANSFER = TransferConfig(multipart_threshold=16 * 2**20, multipart_chunksize=16 * 2**20, max_concurrency=4)
 
 
