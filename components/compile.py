@@ -12,7 +12,6 @@ A mismatch stops the step with a table of what failed and writes nothing.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import tempfile
@@ -309,7 +308,3 @@ def compile_model(
         )
     log.event(LOG, "compiled", target=target, precision=precision, device=device, seconds=f"{seconds:.1f}", out=out_dir)
     return CompileResult(out_dir, target, precision, device, parity, seconds)
-
-
-def write_result(result: CompileResult, path: Path) -> None:
-    path.write_text(json.dumps({**asdict(result), "out_dir": str(result.out_dir)}, indent=2, default=str))

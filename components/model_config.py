@@ -98,16 +98,6 @@ def renamed(config: ModelConfig, name: str) -> ModelConfig:
     return copy
 
 
-def settings_of(config: ModelConfig) -> ServingSettings:
-    return ServingSettings(
-        max_batch_size=config.max_batch_size or None,
-        dynamic_batching=config.HasField("dynamic_batching"),
-        max_queue_delay_us=config.dynamic_batching.max_queue_delay_microseconds,
-        preferred_batch_sizes=tuple(config.dynamic_batching.preferred_batch_size),
-        instance_count=config.instance_group[0].count if config.instance_group else 1,
-    )
-
-
 def with_settings(config: ModelConfig, settings: ServingSettings) -> ModelConfig:
     copy = mc.ModelConfig()
     copy.CopyFrom(config)

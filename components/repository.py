@@ -508,6 +508,3 @@ class ModelRepository:
                     self._delete_prefix(prefix)
                 removed.append(f"s3://{self.bucket}/{prefix}")
         return removed
-
-    def delete_staged(self, model: str, version: int) -> None:
-        self._delete_prefix(self.version_prefix(model, version, staged=True))
