@@ -27,7 +27,7 @@ from components.errors import TritonshipError
 from components.parity import parity_table
 from components.replicas import Replica
 from components.repository import ModelRepository, candidate_name, lease_owner
-from components.s3repo import S3Settings
+from components.s3repo import S3Error, S3Settings
 from components.stage import CandidateVersion, read_candidate, served_accuracy
 from components.triton_admin import TritonAdmin
 
@@ -93,7 +93,10 @@ def promote(
     try:
         return _promote(repo, model, version, replicas, gate_url, settings, run_id, progress, load_timeout)
     finally:
-        repo.release_lease(model, owner)
+        try:
+            repo.release_lease(model, owner)
+        except S3Error as exc:  # never hide the promotion's own outcome; the lease expires by itself
+            log.event(LOG, "lease not released", model=model, reason=str(exc), level=30)
 
 
 def _promote(
@@ -124,6 +127,9 @@ def _promote(
         for replica, admin in zip(replicas, admins, strict=True):
             if progress:
                 progress("switching", replica)
+            # Triton holds a model's requests while a load of it polls an unreachable S3 (about 25 s),
+            # so S3 is checked just before each load: an outage then stops the promotion, not the clients.
+            repo.manifest(model, version, staged=False)
             result.load_seconds.append(_switch(admin, candidate, config, version))
             log.event(LOG, "replica switched", replica=replica.name, version=version)
             if progress:
@@ -131,16 +137,26 @@ def _promote(
     except TritonshipError as exc:
         result.problems.append(str(exc))
         _revert(repo, candidate, admins, previous, new_etag, result)
-        repo.record(model, "reverted", version, run_id, previous_version=previous_version, problems=result.problems)
+        try:
+            repo.record(model, "reverted", version, run_id, previous_version=previous_version, problems=result.problems)
+        except S3Error as record_error:
+            result.problems.append(f"the history event could not be written ({record_error})")
+        stable = f"v{previous_version}" if previous_version else "no version"
+        outcome = f"was reverted to {stable}" if result.reverted else f"could not be reverted to {stable}"
         raise PromotionError(
-            f"promotion of {model} v{version} failed and was reverted to "
-            f"{'v' + str(previous_version) if previous_version else 'no version'}: {'; '.join(result.problems)}"
+            f"promotion of {model} v{version} failed and {outcome}: {'; '.join(result.problems)}"
         ) from None
     finally:
         for admin in admins:
             admin.close()
     result.promoted = True
-    repo.record(model, "promoted", version, run_id, previous_version=previous_version, replicas=result.replicas)
+    try:
+        repo.record(model, "promoted", version, run_id, previous_version=previous_version, replicas=result.replicas)
+    except S3Error as exc:
+        raise PromotionError(
+            f"{model} v{version} is promoted (every replica serves it and S3 names it) but its history event "
+            f"could not be written ({exc}); re-run this promote step to record it."
+        ) from None
     if gate_url:
         unload_candidate(gate_url, model)
     log.event(LOG, "promoted", model=model, version=version, previous=previous_version, replicas=len(replicas))
@@ -155,23 +171,50 @@ def _revert(
     new_etag: str,
     result: PromoteResult,
 ) -> None:
-    """Desired state first (so restarted pods come up right), then every replica that answers."""
+    """Desired state first (so restarted pods come up right), then every replica not already back on stable.
+
+    Without S3 neither can be done (a Triton load would fail after holding requests): the replicas are
+    left as they are and the problem names the command that converges them once S3 is back."""
     model = candidate.model
-    if previous is not None:
-        repo.write_desired_config(model, previous, new_etag)
-    else:
-        repo.delete_desired_config(model)
+    try:
+        if previous is not None:
+            repo.write_desired_config(model, previous, new_etag)
+        else:
+            repo.delete_desired_config(model)
+    except S3Error as exc:
+        versions = [candidate.version, *(previous.version_policy.specific.versions if previous else [])]
+        serving = ", ".join(_serving(a, model, versions) for a in admins)
+        result.problems.append(
+            f"S3 could not be written to revert the desired state, which still names v{candidate.version} ({exc}); "
+            f"the replicas were left as they are ({serving}); once S3 answers, run `tritonship reconcile "
+            f"-r {repo.uri} -m {model} --replicas {','.join(a.url for a in admins)}` to serve v{candidate.version} "
+            "everywhere"
+        )
+        log.event(LOG, "not reverted", model=model, version=candidate.version, level=40)
+        return
     for admin in admins:
         try:
-            if previous is not None:
-                admin.load(model, previous)
-                admin.wait_ready(model, previous.version_policy.specific.versions[0])
-            else:
+            if previous is None:
                 admin.unload(model)
+                continue
+            stable = previous.version_policy.specific.versions[0]
+            if admin.is_ready(model, stable) and not admin.is_ready(model, candidate.version):
+                continue  # never switched, or its load failed and Triton kept the stable version
+            admin.load(model, previous)
+            admin.wait_ready(model, stable)
         except TritonshipError as exc:
             result.problems.append(f"revert of {admin.url}: {exc}")
     result.reverted = True
     log.event(LOG, "reverted", model=model, version=candidate.version, level=30)
+
+
+def _serving(admin: TritonAdmin, model: str, versions: list[int]) -> str:
+    """Which of `versions` `admin` has ready, asked without S3 (the repository index would need it)."""
+    try:
+        ready = [v for v in versions if admin.is_ready(model, v)]
+    except TritonshipError:
+        return f"{admin.url} unreachable"
+    return f"{admin.url} serves " + ("+".join(f"v{v}" for v in ready) or "nothing")
 
 
 def unload_candidate(gate_url: str, model: str) -> bool:

@@ -58,8 +58,12 @@ def publish(
 
     version, resumed = _resume(repo, model, digest, run_id)
     if version is not None and repo.manifest(model, version, staged=True) is not None:
+        uri = repo.version_uri(model, version, True)
+        if not any(e["event"] == "published" and e["version"] == version for e in repo.history(model)):
+            # the previous attempt sealed the version but died before its history event
+            repo.record(model, "published", version, run_id, digest=digest, uri=uri, files=len(entries))
         log.event(LOG, "already published", model=model, version=version, run_id=run_id)
-        return PublishResult(model, version, repo.version_uri(model, version, True), digest, run_id, True)
+        return PublishResult(model, version, uri, digest, run_id, True)
     if version is None:
         version = repo.allocate_version(model, {"digest": digest, "run_id": run_id, "created": utc_now()})
     manifest = Manifest(

@@ -86,11 +86,12 @@ class TritonAdmin:
         )
 
     def is_ready(self, model: str, version: int | str = "") -> bool:
+        """False for a model (version) that is not ready; TritonUnreachable if the server does not answer."""
         try:
-            return bool(self._client.is_model_ready(model, str(version)))
-        except InferenceServerException as exc:
-            if _is_connection_error(exc):
-                raise TritonUnreachable(self._unreachable(f"check model '{model}'")) from None
+            return bool(self._call(f"check model '{model}'", lambda: self._client.is_model_ready(model, str(version))))
+        except TritonUnreachable:
+            raise
+        except TritonError:
             return False
 
     def wait_ready(self, model: str, version: int | str = "", timeout: float = 120.0) -> None:

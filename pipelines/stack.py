@@ -34,6 +34,7 @@ from components import log
 from components.errors import TritonshipError
 from components.s3repo import S3Settings
 from components.tools import find_perf_analyzer, tools_dir
+from pipelines.outage import TcpSwitch
 
 LOG = log.get("stack")
 PRODUCTION_PREFIX = "models"
@@ -231,6 +232,7 @@ class EmbeddedStack:
         bucket: str = "tritonship",
         detach: bool = False,
         start_timeout: float = 90.0,
+        s3_switch: bool = False,
     ) -> None:
         self.replica_count = replicas
         self.with_gate = gate
@@ -240,6 +242,8 @@ class EmbeddedStack:
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="tritonship-stack-"))
         self.s3_server: S3Server | None = None
+        self.s3_switch: TcpSwitch | None = None
+        self._with_s3_switch = s3_switch
         self.servers: dict[str, TritonServer] = {}
 
     # ----------------------------------------------------------------------------------- lifecycle
@@ -268,6 +272,8 @@ class EmbeddedStack:
             server.process.stop()
         if self.s3_server is not None:
             self.s3_server.process.stop()
+        if self.s3_switch is not None:
+            self.s3_switch.close()
         if self._own_workdir and not self.detach:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -295,8 +301,9 @@ class EmbeddedStack:
     def start_s3(self) -> S3Settings:
         for _attempt in range(3):
             port = free_port()
+            endpoint_port = free_port() if self._with_s3_switch else port
             settings = S3Settings(
-                endpoint_url=f"http://127.0.0.1:{port}",
+                endpoint_url=f"http://127.0.0.1:{endpoint_port}",
                 region="us-east-1",
                 access_key_id="AKIA" + secrets.token_hex(8).upper(),
                 secret_access_key=secrets.token_urlsafe(30),
@@ -311,6 +318,8 @@ class EmbeddedStack:
             proc.start()
             if _wait_until(lambda port=port: port_is_open(port), proc, 30):
                 self.s3_server = S3Server(settings, port, proc)
+                if self._with_s3_switch:
+                    self.s3_switch = TcpSwitch(port, endpoint_port)
                 self._create_bucket()
                 log.event(LOG, "s3 ready", endpoint=settings.endpoint_url, bucket=self.bucket)
                 return settings
@@ -324,6 +333,17 @@ class EmbeddedStack:
         # accept it as a model repository.
         for prefix in (PRODUCTION_PREFIX, STAGING_PREFIX):
             client.put_object(Bucket=self.bucket, Key=f"{prefix}/.tritonship-repository", Body=b"")
+
+    @contextlib.contextmanager
+    def s3_outage(self) -> Iterator[None]:
+        """S3 unreachable for everyone (steps and tritonservers) inside the block; needs `s3_switch=True`."""
+        if self.s3_switch is None:
+            raise StackError("this stack was started without s3_switch=True; it cannot take S3 away")
+        self.s3_switch.cut()
+        try:
+            yield
+        finally:
+            self.s3_switch.restore()
 
     # -------------------------------------------------------------------------------------- Triton
     def add_triton(self, name: str, prefixes: Sequence[str]) -> TritonServer:

@@ -1,0 +1,291 @@
+"""Faults in the middle of a release, on a stack of its own whose S3 can be taken away (EmbeddedStack's
+s3_switch): S3 lost during publish, promotion and history writes; a production Triton killed and
+restarted during promotion; the gate server or perf_analyzer killed during the gate.
+
+Each test checks the end state: nothing promoted that did not pass, the stable version served, the
+desired state in S3 consistent with the replicas (or the printed command converges them), and a re-run
+that completes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from components.promote import PromotionError, promote, reject
+from components.publish import publish
+from components.reconcile import reconcile
+from components.repository import ModelRepository, candidate_name
+from components.s3repo import S3Error, S3Settings
+from components.stage import stage
+from components.triton_admin import TritonAdmin
+from pipelines.stack import EmbeddedStack
+from tests.models import mlp_folder
+from tests.release_helpers import FIRST_RELEASE_GATE, TEST_GATE, SteadyClient, release, replicas, unique
+
+X = {"x": np.ones((1, 16), np.float32)}
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[EmbeddedStack]:
+    """This module's own stack (S3 behind a switch), so that its faults never touch the other tests."""
+    with EmbeddedStack(replicas=2, gate=True, s3_switch=True) as running:
+        yield running
+
+
+@pytest.fixture
+def impatient_s3(stack: EmbeddedStack) -> S3Settings:
+    """The stack's S3 with 2 attempts instead of 5: an outage fails a step in a second, not in ten."""
+    return dataclasses.replace(stack.s3, max_attempts=2)
+
+
+def cut_s3_before_put(monkeypatch, stack: EmbeddedStack, when: Callable[[str], bool]) -> list[str]:
+    """Take S3 away just before the first PutObject whose key satisfies `when` (boto3's own event hook
+    on every client the steps create). Returns the keys put so far."""
+    keys: list[str] = []
+    original = S3Settings.client
+
+    def on_put(params: dict, **_kwargs) -> None:
+        keys.append(params["Key"])
+        if not stack.s3_switch.is_cut and when(params["Key"]):
+            stack.s3_switch.cut()
+
+    def client(self: S3Settings):
+        made = original(self)
+        made.meta.events.register("before-parameter-build.s3.PutObject", on_put)
+        return made
+
+    monkeypatch.setattr(S3Settings, "client", client)
+    return keys
+
+
+def _served(stack: EmbeddedStack, name: str) -> list[int]:
+    return [TritonAdmin(s.http_url).served_version(name, X, ["y"]) for s in stack.replicas]
+
+
+def _repo(stack: EmbeddedStack) -> ModelRepository:
+    return ModelRepository(f"s3://{stack.bucket}", stack.s3)
+
+
+def _desired(stack: EmbeddedStack, name: str) -> int:
+    return _repo(stack).desired_config(name)[0].version_policy.specific.versions[0]
+
+
+def _events(stack: EmbeddedStack, name: str) -> list[tuple[str, int]]:
+    return [(e["event"], e["version"]) for e in _repo(stack).history(name)]
+
+
+def _published_and_gated(stack: EmbeddedStack, folder: Path, run_id: str) -> int:
+    repository = f"s3://{stack.bucket}"
+    version = publish(folder, repository, run_id, s3=stack.s3).version
+    staged = stage(repository, folder.name, version, stack.gate.http_url, s3=stack.s3, run_id=run_id)
+    from components.gate import gate
+
+    verdict = gate(repository, folder.name, version, stack.gate.http_url, TEST_GATE, staged, s3=stack.s3, run_id=run_id)
+    assert verdict.verdict == "pass", verdict.reasons
+    return version
+
+
+def _mlp(tmp_path: Path, name: str, sub: str, seed: int = 0) -> Path:
+    (tmp_path / sub).mkdir()
+    return mlp_folder(tmp_path / sub, name, seed=seed)
+
+
+# ------------------------------------------------------------------------------------------ S3 outages
+def test_s3_lost_during_publish_leaves_nothing_visible_and_the_rerun_completes(
+    tmp_path, stack, impatient_s3, monkeypatch
+):
+    name = unique()
+    folder = _mlp(tmp_path, name, "v1")
+    staged_files = []
+
+    def second_file(key: str) -> bool:
+        staged_files.extend([key] if "/staging/" in key or key.startswith("staging/") else [])
+        return len(staged_files) == 2
+
+    cut_s3_before_put(monkeypatch, stack, second_file)
+    with pytest.raises(S3Error, match="S3 could not be reached"):
+        publish(folder, f"s3://{stack.bucket}", "run-publish", s3=impatient_s3)
+    stack.s3_switch.restore()
+    monkeypatch.undo()
+
+    repo = _repo(stack)
+    assert repo.versions(name, staged=True) == []  # sealed versions only: the half-written one is invisible
+    assert repo.allocation(name, 1) is not None and repo.manifest(name, 1, staged=True) is None
+    assert _events(stack, name) == []
+    again = publish(folder, f"s3://{stack.bucket}", "run-publish", s3=stack.s3)
+    assert (again.version, again.resumed) == (1, True)
+    assert repo.verify(name, 1, staged=True) == [] and repo.incomplete_versions(name) == []
+    assert _events(stack, name) == [("published", 1)]
+
+
+def test_s3_lost_at_the_publish_history_write_is_recorded_by_the_rerun(tmp_path, stack, impatient_s3, monkeypatch):
+    name = unique()
+    folder = _mlp(tmp_path, name, "v1")
+    cut_s3_before_put(monkeypatch, stack, lambda key: key.endswith("-published.json"))
+    with pytest.raises(S3Error, match="S3 could not be reached"):
+        publish(folder, f"s3://{stack.bucket}", "run-history", s3=impatient_s3)
+    stack.s3_switch.restore()
+    monkeypatch.undo()
+
+    assert _repo(stack).versions(name, staged=True) == [1]  # sealed before the history write
+    assert _events(stack, name) == []
+    again = publish(folder, f"s3://{stack.bucket}", "run-history", s3=stack.s3)
+    assert (again.version, again.resumed) == (1, True)
+    assert _events(stack, name) == [("published", 1)]
+
+
+def test_s3_lost_half_way_through_a_promotion_fails_no_request_and_reconcile_converges(tmp_path, stack, impatient_s3):
+    name = unique()
+    release(stack, _mlp(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    version = _published_and_gated(stack, _mlp(tmp_path, name, "v2", seed=4), "run-s3-promote")
+
+    def s3_goes_away(what: str, replica) -> None:
+        if what == "switched" and replica.name == "prod-0":  # the desired state names v2; prod-1 still serves v1
+            stack.s3_switch.cut()
+
+    with SteadyClient([s.http_url for s in stack.replicas], name, X, ["y"]) as client:
+        try:
+            with pytest.raises(PromotionError, match="failed and could not be reverted to v1") as info:
+                promote(f"s3://{stack.bucket}", name, version, replicas(stack), "pass", s3=impatient_s3,
+                        run_id="run-s3-promote", progress=s3_goes_away)  # fmt: skip
+            assert _served(stack, name) == [2, 1]  # no Triton load was tried without S3
+        finally:
+            stack.s3_switch.restore()
+    assert client.failures == [], client.failures[:3]
+    message = str(info.value)
+    prod_0, prod_1 = (s.http_url for s in stack.replicas)
+    assert f"{prod_0} serves v2, {prod_1} serves v1" in message
+    assert f"tritonship reconcile -r s3://{stack.bucket} -m {name} --replicas {prod_0},{prod_1}" in message
+    assert stack.s3.secret_access_key not in message
+
+    assert _desired(stack, name) == 2  # the state the message describes; the printed command converges it
+    states = reconcile(f"s3://{stack.bucket}", replicas(stack), [name], s3=stack.s3)
+    assert [s.action for s in states] == ["in sync", "loaded"]
+    assert _served(stack, name) == [2, 2] and _desired(stack, name) == 2
+    TritonAdmin(stack.gate.http_url).unload(candidate_name(name))
+
+
+def test_s3_lost_at_the_promotion_history_write_is_recorded_by_the_rerun(tmp_path, stack, impatient_s3, monkeypatch):
+    name = unique()
+    release(stack, _mlp(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    version = _published_and_gated(stack, _mlp(tmp_path, name, "v2", seed=4), "run-s3-history")
+    cut_s3_before_put(monkeypatch, stack, lambda key: key.endswith("-promoted.json"))
+    with pytest.raises(PromotionError, match="is promoted .* re-run this promote step"):
+        promote(f"s3://{stack.bucket}", name, version, replicas(stack), "pass", s3=impatient_s3,
+                run_id="run-s3-history")  # fmt: skip
+    stack.s3_switch.restore()
+    monkeypatch.undo()
+    assert _served(stack, name) == [2, 2] and _desired(stack, name) == 2  # consistent, history short of one event
+    assert _events(stack, name)[-1] == ("gate", 2)
+
+    again = promote(f"s3://{stack.bucket}", name, version, replicas(stack), "pass", stack.gate.http_url,
+                    s3=stack.s3, run_id="run-s3-history")  # fmt: skip
+    assert again.promoted and again.previous_version == 2  # the desired state already named it
+    assert _events(stack, name)[-1] == ("promoted", 2)
+    assert [e for e in _events(stack, name) if e[0] == "promoted"] == [("promoted", 1), ("promoted", 2)]
+
+
+# ------------------------------------------------------------------------------------- killed servers
+def test_production_triton_killed_and_restarted_during_promotion(tmp_path, stack):
+    name = unique()
+    release(stack, _mlp(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    version = _published_and_gated(stack, _mlp(tmp_path, name, "v2", seed=6), "run-restart")
+
+    def restart_second_replica(what: str, replica) -> None:
+        if what == "switched" and replica.name == "prod-0":
+            stack.triton("prod-1").process.kill()
+            stack.restart_triton("prod-1", load_models=[name])  # a new pod: loads the desired state from S3
+
+    with SteadyClient([stack.replicas[0].http_url], name, X, ["y"]) as client:
+        result = promote(f"s3://{stack.bucket}", name, version, replicas(stack), "pass", stack.gate.http_url,
+                         s3=stack.s3, run_id="run-restart", progress=restart_second_replica)  # fmt: skip
+    assert result.promoted and client.failures == []
+    assert _served(stack, name) == [2, 2] and _desired(stack, name) == 2
+    assert TritonAdmin(stack.replicas[1].http_url).ready_versions(name) == [2]
+
+
+def _kill_when_perf_analyzer_measures(gate_url: str, action: Callable[[int], None]) -> threading.Thread:
+    """Run `action(pid)` once a perf_analyzer aimed at `gate_url` has measured for a second."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if argv and argv[0].endswith(b"perf_analyzer") and gate_url.encode() in argv:
+                    time.sleep(1.0)
+                    action(int(pid))
+                    return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def _gate_again(stack: EmbeddedStack, name: str, version: int, run_id: str):
+    from components.gate import gate
+
+    repository = f"s3://{stack.bucket}"
+    return gate(repository, name, version, stack.gate.http_url, TEST_GATE, s3=stack.s3, run_id=run_id)
+
+
+def test_gate_server_killed_during_the_gate_fails_closed_and_the_rerun_completes(tmp_path, stack):
+    name = unique()
+    release(stack, _mlp(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    repository = f"s3://{stack.bucket}"
+    version = publish(_mlp(tmp_path, name, "v2", seed=7), repository, "run-gate-kill", s3=stack.s3).version
+    stage(repository, name, version, stack.gate.http_url, s3=stack.s3, run_id="run-gate-kill")
+    watcher = _kill_when_perf_analyzer_measures(stack.gate.http_url, lambda _pid: stack.gate.process.kill())
+    verdict = _gate_again(stack, name, version, "run-gate-kill")
+    watcher.join(timeout=5)
+    assert verdict.verdict == "fail" and verdict.reasons, verdict.reasons
+    reject(repository, name, version, verdict.verdict, verdict.reasons, stack.gate.http_url, s3=stack.s3,
+           run_id="run-gate-kill")  # fmt: skip
+    assert _served(stack, name) == [1, 1] and _desired(stack, name) == 1
+
+    stack.restart_triton("gate")  # the gate pod comes back empty (it never loads models at start)
+    stage(repository, name, version, stack.gate.http_url, s3=stack.s3, run_id="run-gate-rerun")
+    rerun = _gate_again(stack, name, version, "run-gate-rerun")
+    assert rerun.verdict == "pass", rerun.reasons
+    promote(
+        repository, name, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id="run-gate-rerun"
+    )
+    assert _served(stack, name) == [2, 2]
+    assert [e[0] for e in _events(stack, name)][-7:] == [
+        "published", "staged", "gate", "rejected", "staged", "gate", "promoted"
+    ]  # fmt: skip
+
+
+def test_perf_analyzer_killed_mid_run_fails_closed_and_the_rerun_completes(tmp_path, stack):
+    name = unique()
+    release(stack, _mlp(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    repository = f"s3://{stack.bucket}"
+    version = publish(_mlp(tmp_path, name, "v2", seed=8), repository, "run-perf-kill", s3=stack.s3).version
+    stage(repository, name, version, stack.gate.http_url, s3=stack.s3, run_id="run-perf-kill")
+    watcher = _kill_when_perf_analyzer_measures(stack.gate.http_url, lambda pid: os.kill(pid, signal.SIGKILL))
+    verdict = _gate_again(stack, name, version, "run-perf-kill")
+    watcher.join(timeout=5)
+    assert verdict.verdict == "fail" and "exited -9" in verdict.reasons[0], verdict.reasons
+    with pytest.raises(PromotionError, match="verdict is 'fail'"):
+        promote(repository, name, version, replicas(stack), verdict.verdict, s3=stack.s3, run_id="run-perf-kill")
+    assert _served(stack, name) == [1, 1]
+
+    rerun = _gate_again(stack, name, version, "run-perf-kill")  # the candidate is still loaded on the gate
+    assert rerun.verdict == "pass", rerun.reasons
+    promote(
+        repository, name, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id="run-perf-kill"
+    )
+    assert _served(stack, name) == [2, 2] and _desired(stack, name) == 2
