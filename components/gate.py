@@ -21,17 +21,20 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from components import log, model_config, perf
+from components import ensemble, log, model_config, perf
 from components.errors import TritonshipError
 from components.repository import ModelRepository, candidate_name
 from components.s3repo import S3Settings
 from components.stage import CandidateVersion, StageResult, read_candidate
 from components.tools import find_perf_analyzer
 from components.triton_admin import TritonAdmin, TritonError
+
+if TYPE_CHECKING:
+    from components.tune import TuneResult
 
 LOG = log.get("gate")
 Verdict = Literal["pass", "fail", "inconclusive"]
@@ -118,6 +121,7 @@ class GateResult:
     stable_load_seconds: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
     runs: list[dict[str, Any]] = field(default_factory=list)
+    tuning: dict[str, Any] | None = None  # the tune step's table and chosen serving settings (TuneResult)
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k not in ("candidate", "stable")}
@@ -203,13 +207,17 @@ def gate(
     out_dir: Path | None = None,
     s3: S3Settings | None = None,
     run_id: str = "",
+    tuning: TuneResult | None = None,
 ) -> GateResult:
-    """The gate step. Never raises for a measurement problem: it becomes the verdict."""
+    """The gate step. Never raises for a measurement problem: it becomes the verdict.
+
+    With `tuning`, the candidate is measured as the tune step left it loaded: with the chosen settings."""
     settings = settings or GateSettings()
     repo = ModelRepository(repository, s3)
     desired, _ = repo.desired_config(model)
     stable_version = desired.version_policy.specific.versions[0] if desired else None
     result = GateResult(model, version, stable_version, "inconclusive", [], settings=_settings_dict(settings))
+    result.tuning = json.loads(tuning.to_json()) if tuning is not None else None
     try:
         _measure(repo, result, settings, stage_result, desired, gate_url, out_dir)
     except TritonshipError as exc:
@@ -224,6 +232,7 @@ def gate(
         model, "gate", version, run_id, verdict=result.verdict, reasons=result.reasons,
         stable_version=stable_version, candidate=result.candidate.summary(), stable=result.stable.summary(),
         p99_regression_pct=result.p99_regression_pct, throughput_regression_pct=result.throughput_regression_pct,
+        serving=result.tuning["chosen"] if result.tuning else None,
     )  # fmt: skip
     log.event(LOG, "verdict", model=model, version=version, verdict=result.verdict, reasons="; ".join(result.reasons))
     return result
@@ -263,6 +272,10 @@ def _measure(
         if desired is not None and settings.thresholds.relative:
             try:
                 started = time.monotonic()
+                for member in ensemble.member_names(desired):  # an ensemble's stable members first
+                    member_config, _ = repo.desired_config(member)
+                    admin.load(member, member_config)
+                    admin.wait_ready(member, ensemble.pinned_member_version(desired))
                 admin.load(result.model, desired)
                 admin.wait_ready(result.model, result.stable_version or "")
                 result.stable_load_seconds = time.monotonic() - started
@@ -278,7 +291,7 @@ def _measure(
             _rounds(admin.url, candidate, targets, settings, result, out_dir)
         finally:
             if len(targets) > 1:
-                admin.unload(result.model)
+                admin.unload_with_members(result.model)
     if not result.reasons:
         evaluate(result, settings)
 

@@ -110,6 +110,16 @@ class ModelFolder:
         return json.loads((self.version_dir / BUILD_FILE).read_text())
 
 
+def _required_files(config: ModelConfig, version_dir: Path) -> tuple[str, ...]:
+    """A compiled model, an ensemble (its golden outputs are the release's reference) or an ensemble's
+    pre/post-processing step (step.py; checked through the ensemble)."""
+    if config.platform == "ensemble":
+        return SIGNATURE_FILE, GOLDEN_FILE, BUILD_FILE
+    if (version_dir / "step.py").is_file():
+        return SIGNATURE_FILE, BUILD_FILE
+    return MODEL_FILE, SIGNATURE_FILE, GOLDEN_FILE, BUILD_FILE
+
+
 def read(folder: Path) -> ModelFolder:
     """Read a model folder and refuse it, with the reason, if anything Triton or we need is missing."""
     folder = Path(folder)
@@ -119,12 +129,12 @@ def read(folder: Path) -> ModelFolder:
     if not config_path.is_file():
         raise ModelFolderError(f"{folder} has no {CONFIG_FILE}; it is not a Triton model folder.")
     version_dir = folder / VERSION_DIR
-    for required in (MODEL_FILE, SIGNATURE_FILE, GOLDEN_FILE, BUILD_FILE):
+    config = parse_pbtxt(config_path.read_text(), str(config_path))
+    for required in _required_files(config, version_dir):
         if not (version_dir / required).is_file():
             raise ModelFolderError(f"{folder} has no {VERSION_DIR}/{required}; re-run `tritonship compile`.")
-    if (version_dir / MODEL_FILE).stat().st_size == 0:
+    if (version_dir / MODEL_FILE).is_file() and (version_dir / MODEL_FILE).stat().st_size == 0:
         raise ModelFolderError(f"{folder}/{VERSION_DIR}/{MODEL_FILE} is empty; re-run `tritonship compile`.")
-    config = parse_pbtxt(config_path.read_text(), str(config_path))
     if config.backend == "python" and not (version_dir / PYTHON_MODEL_FILE).is_file():
         raise ModelFolderError(f"{folder} uses the python backend but has no {VERSION_DIR}/{PYTHON_MODEL_FILE}.")
     signature = Signature.load(version_dir / SIGNATURE_FILE)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from components import log, model_config
+from components import ensemble, log, model_config
 from components.errors import TritonshipError
 from components.parity import parity_table
 from components.replicas import Replica
@@ -53,13 +53,46 @@ class PromoteResult:
     load_seconds: list[float] = field(default_factory=list)  # per replica, Triton's own load time
 
 
-def _switch(admin: TritonAdmin, candidate: CandidateVersion, config: model_config.ModelConfig, version: int) -> float:
-    """Reload one replica to `config`, wait for `version`, check an unversioned answer comes from it and is
-    right. Returns the seconds Triton took to load."""
+def _with_versions(config: model_config.ModelConfig, versions: list[int]) -> model_config.ModelConfig:
+    copy = model_config.ModelConfig()
+    copy.CopyFrom(config)
+    copy.version_policy.Clear()
+    copy.version_policy.specific.versions.extend(versions)
+    return copy
+
+
+@dataclass
+class Release:
+    """What one promotion loads: the entry point's config and, for an ensemble, its members' configs
+    (pinned to the new version alone, and beside the old one while the ensemble switches)."""
+
+    candidate: CandidateVersion
+    config: model_config.ModelConfig
+    members: dict[str, model_config.ModelConfig]
+    old_members: int | None  # the member version the previous ensemble runs
+
+    def members_beside_old(self) -> list[model_config.ModelConfig]:
+        old = [self.old_members] if self.old_members is not None else []
+        return [_with_versions(c, [*old, self.candidate.version]) for c in self.members.values()]
+
+    def members_old_only(self) -> list[model_config.ModelConfig]:
+        return [_with_versions(c, [self.old_members]) for c in self.members.values()] if self.old_members else []
+
+
+def _switch(admin: TritonAdmin, release: Release) -> float:
+    """Reload one replica to the new version, check an unversioned answer comes from it and is right.
+    An ensemble: new members beside the old, then the ensemble pinned to them in one reload, then the old
+    members out; no request runs a mix. Returns the seconds Triton took to load."""
+    candidate, version = release.candidate, release.candidate.version
     started = time.monotonic()
-    admin.load(candidate.model, config)
+    for member in release.members_beside_old():
+        admin.load(member.name, member)
+        admin.wait_ready(member.name, version)
+    admin.load(candidate.model, release.config)
     admin.wait_ready(candidate.model, version)
     load_seconds = time.monotonic() - started
+    for member in release.members.values():
+        admin.load(member.name, member)
     first = {k: v[:1] for k, v in candidate.golden_inputs.items()}
     served = admin.served_version(candidate.model, first, candidate.output_names)
     if served != version:
@@ -117,10 +150,20 @@ def _promote(
     for admin in admins:
         admin.ensure_live()  # before anything changes: an unreachable replica stops the promotion here
 
-    repo.copy_to_production(model, version)
-    config = model_config.pin_version(candidate.config, version)
-    if settings is not None:
+    for name in [*candidate.members, model]:
+        repo.copy_to_production(name, version)
+    configs = candidate.production_configs()
+    config = configs.pop(model)
+    if settings is not None and not candidate.members:
         config = model_config.with_settings(config, settings)
+    old_members = ensemble.pinned_member_version(previous) if previous and candidate.members else None
+    release = Release(candidate, config, configs, old_members)
+    # Desired state for pods that restart meanwhile: members keep the old version beside the new one
+    # until every replica runs the new ensemble, so any ensemble config finds its members.
+    member_state = {name: repo.desired_config(name) for name in configs}
+    member_etags = {
+        m.name: repo.write_desired_config(m.name, m, member_state[m.name][1]) for m in release.members_beside_old()
+    }
     new_etag = repo.write_desired_config(model, config, etag)
     result = PromoteResult(model, version, previous_version, [r.url for r in replicas], promoted=False)
     try:
@@ -130,13 +173,13 @@ def _promote(
             # Triton holds a model's requests while a load of it polls an unreachable S3 (about 25 s),
             # so S3 is checked just before each load: an outage then stops the promotion, not the clients.
             repo.manifest(model, version, staged=False)
-            result.load_seconds.append(_switch(admin, candidate, config, version))
+            result.load_seconds.append(_switch(admin, release))
             log.event(LOG, "replica switched", replica=replica.name, version=version)
             if progress:
                 progress("switched", replica)
     except TritonshipError as exc:
         result.problems.append(str(exc))
-        _revert(repo, candidate, admins, previous, new_etag, result)
+        _revert(repo, release, admins, previous, new_etag, member_state, member_etags, result)
         try:
             repo.record(model, "reverted", version, run_id, previous_version=previous_version, problems=result.problems)
         except S3Error as record_error:
@@ -151,11 +194,14 @@ def _promote(
             admin.close()
     result.promoted = True
     try:
-        repo.record(model, "promoted", version, run_id, previous_version=previous_version, replicas=result.replicas)
+        for name, member_config in configs.items():  # every replica runs the new members only now
+            repo.write_desired_config(name, member_config, member_etags[name])
+        repo.record(model, "promoted", version, run_id, previous_version=previous_version, replicas=result.replicas,
+                    members=dict.fromkeys(configs, version))  # fmt: skip
     except S3Error as exc:
         raise PromotionError(
-            f"{model} v{version} is promoted (every replica serves it and S3 names it) but its history event "
-            f"could not be written ({exc}); re-run this promote step to record it."
+            f"{model} v{version} is promoted (every replica serves it and S3 names it) but the last write to S3 "
+            f"(history{' or member configs' if configs else ''}) failed ({exc}); re-run this promote step to finish it."
         ) from None
     if gate_url:
         unload_candidate(gate_url, model)
@@ -165,22 +211,24 @@ def _promote(
 
 def _revert(
     repo: ModelRepository,
-    candidate: CandidateVersion,
+    release: Release,
     admins: list[TritonAdmin],
     previous: model_config.ModelConfig | None,
     new_etag: str,
+    member_state: dict[str, tuple[model_config.ModelConfig | None, str | None]],
+    member_etags: dict[str, str],
     result: PromoteResult,
 ) -> None:
     """Desired state first (so restarted pods come up right), then every replica not already back on stable.
 
     Without S3 neither can be done (a Triton load would fail after holding requests): the replicas are
     left as they are and the problem names the command that converges them once S3 is back."""
+    candidate = release.candidate
     model = candidate.model
     try:
-        if previous is not None:
-            repo.write_desired_config(model, previous, new_etag)
-        else:
-            repo.delete_desired_config(model)
+        _write_or_delete(repo, model, previous, new_etag)
+        for name, (member_previous, _etag) in member_state.items():
+            _write_or_delete(repo, name, member_previous, member_etags[name])
     except S3Error as exc:
         versions = [candidate.version, *(previous.version_policy.specific.versions if previous else [])]
         serving = ", ".join(_serving(a, model, versions) for a in admins)
@@ -195,17 +243,28 @@ def _revert(
     for admin in admins:
         try:
             if previous is None:
-                admin.unload(model)
+                admin.unload_with_members(model)
                 continue
             stable = previous.version_policy.specific.versions[0]
             if admin.is_ready(model, stable) and not admin.is_ready(model, candidate.version):
                 continue  # never switched, or its load failed and Triton kept the stable version
+            for member in release.members_beside_old():
+                admin.load(member.name, member)
             admin.load(model, previous)
             admin.wait_ready(model, stable)
+            for member in release.members_old_only():
+                admin.load(member.name, member)
         except TritonshipError as exc:
             result.problems.append(f"revert of {admin.url}: {exc}")
     result.reverted = True
     log.event(LOG, "reverted", model=model, version=candidate.version, level=30)
+
+
+def _write_or_delete(repo: ModelRepository, model: str, config: model_config.ModelConfig | None, etag: str) -> None:
+    if config is not None:
+        repo.write_desired_config(model, config, etag)
+    else:
+        repo.delete_desired_config(model)
 
 
 def _serving(admin: TritonAdmin, model: str, versions: list[int]) -> str:
@@ -224,7 +283,7 @@ def unload_candidate(gate_url: str, model: str) -> bool:
         try:
             if not gate.is_ready(name):
                 return False
-            gate.unload(name)
+            gate.unload_with_members(name)  # an ensemble's candidate members too
             return True
         except TritonshipError as exc:
             log.event(LOG, "candidate not unloaded", gate=gate_url, reason=str(exc), level=30)

@@ -8,11 +8,12 @@ Re-running a publish of the same content with the same run id resumes the versio
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from components import log, model_folder
-from components.model_config import validate_model_name
+from components import ensemble, log, model_folder
+from components.model_config import to_pbtxt, validate_model_name
 from components.repository import Manifest, ModelRepository, content_digest, sha256_file, utc_now
 from components.s3repo import S3Settings
 
@@ -47,6 +48,8 @@ def publish(
     run_id: str | None = None,
     s3: S3Settings | None = None,
 ) -> PublishResult:
+    if ensemble.is_bundle(folder_path):
+        return publish_bundle(folder_path, repository, run_id, s3)
     folder = model_folder.read(folder_path)  # refuses incomplete folders and configs that disagree with the signature
     model = validate_model_name(folder.config.name)
     files = version_files(folder)
@@ -90,3 +93,55 @@ def _resume(repo: ModelRepository, model: str, digest: str, run_id: str) -> tupl
         if owner.get("digest") == digest and owner.get("run_id") == run_id:
             return version, True
     return None, False
+
+
+def publish_bundle(
+    bundle_path: Path, repository: str, run_id: str | None = None, s3: S3Settings | None = None
+) -> PublishResult:
+    """An ensemble release: every member becomes version N of its own name, then the ensemble (its config
+    pinned to N) seals the release with its manifest, written last."""
+    bundle = ensemble.read_bundle(bundle_path)
+    for name in (bundle.name, *(m.config.name for m in bundle.members)):
+        validate_model_name(name)
+    files = {f.config.name: version_files(f) for f in (*bundle.members, bundle.ensemble)}
+    entries = {
+        name: {rel: {"sha256": sha256_file(p), "size": p.stat().st_size} for rel, p in member_files.items()}
+        for name, member_files in files.items()
+    }
+    digest = content_digest({f"{name}/{rel}": e for name, es in entries.items() for rel, e in es.items()})
+    run_id = run_id or default_run_id(digest)
+    repo = ModelRepository(repository, s3)
+    repo.check_access()
+    version, resumed = _resume(repo, bundle.name, digest, run_id)
+    if version is not None and repo.manifest(bundle.name, version, staged=True) is not None:
+        return PublishResult(bundle.name, version, repo.version_uri(bundle.name, version, True), digest, run_id, True)
+    owner = {"digest": digest, "run_id": run_id, "created": utc_now()}
+    if version is None:
+        version = repo.allocate_version(bundle.name, owner)
+    for member in bundle.members:
+        name = member.config.name
+        repo.claim_version(name, version, owner)
+        manifest = Manifest(
+            model=name, version=version, files=entries[name], digest=content_digest(entries[name]), run_id=run_id,
+            created=utc_now(), signature=member.signature.to_dict(), fingerprint=member.fingerprint(),
+            ensemble=bundle.name,
+        )  # fmt: skip
+        repo.upload_version(files[name], manifest, staged=True)
+    with tempfile.TemporaryDirectory(prefix="tritonship-publish-") as tmp:
+        pinned = Path(tmp) / model_folder.CONFIG_FILE
+        pinned.write_text(to_pbtxt(ensemble.pin_members(bundle.ensemble.config, version)))
+        ensemble_files = {**files[bundle.name], model_folder.CONFIG_FILE: pinned}
+        ensemble_entries = {
+            **entries[bundle.name],
+            model_folder.CONFIG_FILE: {"sha256": sha256_file(pinned), "size": pinned.stat().st_size},
+        }
+        manifest = Manifest(
+            model=bundle.name, version=version, files=ensemble_entries, digest=digest, run_id=run_id,
+            created=utc_now(), signature=bundle.ensemble.signature.to_dict(),
+            fingerprint=bundle.ensemble.fingerprint(), members={m.config.name: version for m in bundle.members},
+        )  # fmt: skip
+        repo.upload_version(ensemble_files, manifest, staged=True)
+    uri = repo.version_uri(bundle.name, version, True)
+    repo.record(bundle.name, "published", version, run_id, digest=digest, uri=uri, members=manifest.members)
+    log.event(LOG, "published", model=bundle.name, version=version, members=len(bundle.members), uri=uri)
+    return PublishResult(bundle.name, version, uri, digest, run_id, resumed)

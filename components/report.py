@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import html
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from components.gate import Figures, GateResult
@@ -31,6 +31,44 @@ def rows(result: GateResult) -> list[tuple[str, str, str, str, str]]:
     return out
 
 
+TUNING_HEADER = ("instances", "max batch", "queue delay µs", "preferred", "infer/s", "p99 ms", "")
+
+
+def tuning_rows(tuning: dict[str, Any] | None) -> list[tuple[str, ...]]:
+    """One row per setting the tune step measured (TuneResult's JSON), the chosen one marked."""
+    if not tuning:
+        return []
+    chosen = tuning["chosen"]
+    out = []
+    for trial in tuning["trials"]:
+        settings = {k: trial[k] for k in chosen}
+        note = "chosen" if settings == chosen else trial["problem"]
+        if settings == tuning["default"]:
+            note = f"default{', ' + note if note else ''}"
+        out.append((
+            str(trial["instance_count"]), str(trial["max_batch_size"] or "-"),
+            str(trial["max_queue_delay_us"]) if trial["dynamic_batching"] else "off",
+            ",".join(map(str, trial["preferred_batch_sizes"])) or "-",
+            _fmt(trial["throughput"], ",.0f"), _fmt(trial["p99_ms"], ".3f"), note,
+        ))  # fmt: skip
+    return out
+
+
+def tuning_markdown(t: dict[str, Any] | None) -> list[str]:
+    if not t:
+        return []
+    gain = "-" if t["gain_pct"] is None else f"{t['gain_pct']:+.1f}%"
+    return [
+        "",
+        f"## Serving settings: {len(t['trials'])} of {t['grid_size']} measured, throughput {gain} over the default "
+        f"within p99 {_fmt(t['p99_limit_ms'], '.3f')} ms",
+        "",
+        f"| {' | '.join(TUNING_HEADER)} |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        *[f"| {' | '.join(row)} |" for row in tuning_rows(t)],
+    ]
+
+
 def markdown(result: GateResult) -> str:
     stable = f"v{result.stable_version}" if result.stable_version is not None else "none (first release)"
     load = result.settings.get("load", {})
@@ -52,6 +90,7 @@ def markdown(result: GateResult) -> str:
         *[f"| {' | '.join(row)} |" for row in rows(result)],
         "",
         f"Thresholds: {result.settings.get('thresholds')}",
+        *tuning_markdown(result.tuning),
     ]
     return "\n".join(lines) + "\n"
 
@@ -98,6 +137,12 @@ def html_page(result: GateResult, png: Path | None) -> str:
         image = f'<img alt="latency against throughput" src="data:image/png;base64,{encoded}">'
     table = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows(result))
     reasons = "".join(f"<li>{html.escape(r)}</li>" for r in result.reasons)
+    tuning = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in tuning_rows(result.tuning)
+    )
+    if tuning:
+        header = "".join(f"<th>{html.escape(h)}</th>" for h in TUNING_HEADER)
+        tuning = f"<h2>Serving settings measured</h2><table><tr>{header}</tr>{tuning}</table>"
     colour = {"pass": "#1a7f37", "fail": "#cf222e"}.get(result.verdict, "#9a6700")
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>gate report</title>"
@@ -107,7 +152,7 @@ def html_page(result: GateResult, png: Path | None) -> str:
         f"<span style='color:{colour}'>{result.verdict.upper()}</span></h1>"
         f"<ul>{reasons}</ul>{image}"
         "<table><tr><th>model</th><th>round</th><th>infer/s</th><th>p50 ms</th><th>p99 ms</th></tr>"
-        f"{table}</table></body></html>"
+        f"{table}</table>{tuning}</body></html>"
     )
 
 

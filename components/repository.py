@@ -93,6 +93,8 @@ class Manifest:
     signature: dict[str, Any] = field(default_factory=dict)
     fingerprint: dict[str, Any] = field(default_factory=dict)
     golden: str = "golden.npz"
+    members: dict[str, int] = field(default_factory=dict)  # an ensemble's member models and their versions
+    ensemble: str = ""  # a member's ensemble (members are released only with it)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2, sort_keys=True)
@@ -262,6 +264,19 @@ class ModelRepository:
             except VersionConflict:
                 version += 1
         raise RepositoryError(f"could not allocate a version of '{model}' after 1000 attempts.")
+
+    def claim_version(self, model: str, version: int, owner: dict[str, Any]) -> None:
+        """Claim exactly `version` of `model` (an ensemble member takes its ensemble's number), or resume
+        our own claim; refuse a number someone else holds."""
+        try:
+            self._put_new(self._key("versions", model, version), json.dumps(owner).encode())
+        except VersionConflict:
+            current = self.allocation(model, version) or {}
+            if (current.get("digest"), current.get("run_id")) != (owner.get("digest"), owner.get("run_id")):
+                raise RepositoryError(
+                    f"version {version} of '{model}' is already taken by another release ({current.get('run_id')}); "
+                    f"'{model}' is an ensemble member and is released only with its ensemble."
+                ) from None
 
     def allocation(self, model: str, version: int) -> dict[str, Any] | None:
         body = self._get(self._key("versions", model, version))
@@ -493,8 +508,11 @@ class ModelRepository:
                     out.append((int(child), staged))
         return sorted(out)
 
-    def gc(self, grace_seconds: float = 3600.0, dry_run: bool = False, model: str | None = None) -> list[str]:
-        """Remove version folders without a manifest whose allocation is older than the grace period."""
+    def gc(
+        self, grace_seconds: float = 3600.0, dry_run: bool = False, model: str | None = None, keep: int | None = None
+    ) -> list[str]:
+        """Remove version folders without a manifest whose allocation is older than the grace period, and
+        with `keep`, sealed versions beyond the newest `keep` (see `retire`)."""
         removed = []
         for name in [model] if model else self.models():
             allocations = self.allocated_versions(name)
@@ -505,6 +523,29 @@ class ModelRepository:
                     continue  # a publish may still be writing it
                 prefix = self.version_prefix(name, version, staged)
                 if not dry_run:
+                    self._delete_prefix(prefix)
+                removed.append(f"s3://{self.bucket}/{prefix}")
+            if keep is not None:
+                removed += self.retire(name, keep, dry_run)
+        return removed
+
+    def retire(self, model: str, keep: int, dry_run: bool = False) -> list[str]:
+        """Remove sealed versions older than the newest `keep`, in staging and production, except any the
+        desired state serves. Triton downloads every version folder of a model from S3 on each load, so
+        old versions make every load slower. Manifest first: a half-removed version is simply incomplete.
+        Version numbers are never reused (their allocations stay), nor is the history touched."""
+        if keep < 1:
+            raise RepositoryError("keep at least 1 version: the newest is the one being released.")
+        desired, _ = self.desired_config(model)
+        served = set(desired.version_policy.specific.versions) if desired else set()
+        removed = []
+        for staged in (True, False):
+            for version in self.versions(model, staged)[:-keep]:
+                if version in served:
+                    continue
+                prefix = self.version_prefix(model, version, staged)
+                if not dry_run:
+                    self._call("retire a version", self.s3.delete_object, Bucket=self.bucket, Key=prefix + MANIFEST)
                     self._delete_prefix(prefix)
                 removed.append(f"s3://{self.bucket}/{prefix}")
         return removed

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from components import log, model_config
+from components import ensemble, log, model_config
 from components.errors import TritonshipError
 from components.parity import OutputParity, Tolerance, compare, parity_table
 from components.repository import ModelRepository, candidate_name, lease_owner
@@ -61,13 +61,30 @@ class CandidateVersion:
     golden_inputs: dict[str, np.ndarray]
     golden_outputs: dict[str, np.ndarray]
     tolerance: Tolerance
+    members: dict[str, model_config.ModelConfig] = field(default_factory=dict)  # an ensemble's, in step order
 
     @property
     def output_names(self) -> list[str]:
         return [s.name for s in self.signature.outputs]
 
     def candidate_config(self) -> model_config.ModelConfig:
-        return model_config.pin_version(model_config.renamed(self.config, candidate_name(self.model)), self.version)
+        """Dark on the gate: `<model>__candidate`; an ensemble's steps run the members' candidates."""
+        config = model_config.pin_version(model_config.renamed(self.config, candidate_name(self.model)), self.version)
+        if self.members:
+            config = ensemble.pin_members(config, self.version, candidate_name)
+        return config
+
+    def member_candidate_configs(self) -> list[model_config.ModelConfig]:
+        return [
+            model_config.pin_version(model_config.renamed(c, candidate_name(name)), self.version)
+            for name, c in self.members.items()
+        ]
+
+    def production_configs(self) -> dict[str, model_config.ModelConfig]:
+        """Each member's and then the entry point's config pinned to this version, production names."""
+        configs = {name: model_config.pin_version(c, self.version) for name, c in self.members.items()}
+        configs[self.model] = model_config.pin_version(self.config, self.version)
+        return configs
 
 
 def read_candidate(repo: ModelRepository, model: str, version: int) -> CandidateVersion:
@@ -81,7 +98,11 @@ def read_candidate(repo: ModelRepository, model: str, version: int) -> Candidate
     tolerance_fields = manifest.fingerprint.get("tolerance")
     tolerance = Tolerance(**tolerance_fields) if tolerance_fields else Tolerance.for_precision("fp32")
     signature = Signature.from_dict(manifest.signature)
-    return CandidateVersion(model, version, config, signature, inputs, outputs, tolerance)
+    members = {
+        name: model_config.parse_pbtxt(repo.read_version_file(name, member_version, True, "config.pbtxt").decode())
+        for name, member_version in manifest.members.items()
+    }
+    return CandidateVersion(model, version, config, signature, inputs, outputs, tolerance, members)
 
 
 def served_accuracy(
@@ -118,12 +139,18 @@ def stage(
         gate.ensure_live()  # an unreachable gate is an error of the step, not a verdict on the model
         started = time.monotonic()
         try:
+            for member in candidate.member_candidate_configs():  # an ensemble's members first, dark as well
+                gate.load(member.name, member)
+                gate.wait_ready(member.name, version)
             gate.load(name, candidate.candidate_config())
             gate.wait_ready(name, version)
         except TritonUnreachable:
             raise
         except TritonError as exc:
             load_error = str(exc)
+            for member in candidate.member_candidate_configs():  # nothing half-staged stays on the gate
+                if gate.is_ready(member.name):
+                    gate.unload(member.name)
         load_seconds = time.monotonic() - started
         if not load_error:
             accuracy = served_accuracy(gate, name, candidate, version)

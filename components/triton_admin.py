@@ -85,6 +85,14 @@ class TritonAdmin:
             f"unload model '{model}'", lambda: self._client.unload_model(model, unload_dependents=unload_dependents)
         )
 
+    def unload_with_members(self, model: str) -> None:
+        """Unload `model` and, for an ensemble, then its step models (which were loaded explicitly, so
+        Triton's unload_dependents leaves them). The members are read from the served config, not S3."""
+        steps = self.model_config(model).get("ensemble_scheduling", {}).get("step", [])
+        self.unload(model)
+        for step in steps:
+            self.unload(step["model_name"])
+
     def is_ready(self, model: str, version: int | str = "") -> bool:
         """False for a model (version) that is not ready; TritonUnreachable if the server does not answer."""
         try:
@@ -156,7 +164,14 @@ class TritonAdmin:
 
     def served_version(self, model: str, inputs: Mapping[str, np.ndarray], output_names: list[str]) -> int:
         """Which version answers an unversioned request (the response says)."""
-        return int(self._infer(model, inputs, output_names, "").get_response()["model_version"])
+        return self.served(model, inputs, output_names)[0]
+
+    def served(
+        self, model: str, inputs: Mapping[str, np.ndarray], output_names: list[str]
+    ) -> tuple[int, dict[str, np.ndarray]]:
+        """An unversioned request, as clients send it: the version that answered and its outputs."""
+        result = self._infer(model, inputs, output_names, "")
+        return int(result.get_response()["model_version"]), {n: result.as_numpy(n) for n in output_names}
 
     def _infer(
         self, model: str, inputs: Mapping[str, np.ndarray], output_names: list[str], version: int | str

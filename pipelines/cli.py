@@ -174,20 +174,55 @@ def s3_settings(endpoint: str | None) -> Any:
 @app.command("publish")
 @friendly_errors
 def publish_cmd(
-    folder: Annotated[Path, typer.Argument(help="the output folder of `tritonship compile`")],
+    folder: Annotated[Path, typer.Argument(help="the output folder of `tritonship compile` or `ensemble` (a bundle)")],
     repository: RepositoryOption,
     run_id: Annotated[
         str | None, typer.Option(help="source run id (default: KFP_RUN_ID, else from the content)")
     ] = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:
-    """Publish a compiled model folder as a new immutable candidate version (staging)."""
+    """Publish a compiled model folder (or an ensemble bundle) as a new immutable candidate version (staging)."""
     from components.publish import publish
 
     with console.status("publishing"):
         result = publish(folder, repository, run_id=run_id, s3=s3_settings(s3_endpoint))
     verb = "already published as" if result.resumed else "published"
     out_console_line(f"{verb} {result.model} version {result.version} -> {result.uri}")
+
+
+@app.command("ensemble")
+@friendly_errors
+def ensemble_cmd(
+    compiled: Annotated[Path, typer.Argument(help="the output folder of `tritonship compile`")],
+    name: Annotated[str, typer.Option(help="the ensemble's name (what clients call)")],
+    signature: Annotated[Path, typer.Option(help="the ensemble's I/O signature (YAML/JSON)")],
+    model: Annotated[str, typer.Option(help="the eager model for the reference: pkg.mod:factory or a file")],
+    pre: Annotated[Path, typer.Option(help="preprocessing: a folder with step.py and the files it reads")],
+    pre_signature: Annotated[Path, typer.Option(help="preprocessing I/O signature")],
+    post: Annotated[Path, typer.Option(help="postprocessing: a folder with step.py and the files it reads")],
+    post_signature: Annotated[Path, typer.Option(help="postprocessing I/O signature")],
+    inputs: Annotated[Path, typer.Option(help="golden ensemble inputs: .npz with one array per input")],
+    out: Annotated[Path, typer.Option(help="the bundle folder to write")],
+    checkpoint: Annotated[str | None, typer.Option(help="state_dict for the factory (local or s3://)")] = None,
+) -> None:
+    """Assemble a release bundle: the compiled model, its pre/post-processing steps and the ensemble that
+    chains them, with reference outputs computed in Python from the same step.py code and the eager model."""
+    import numpy as np
+
+    from components.ensemble import Step, assemble
+    from components.export import load_model
+    from components.signature import Signature
+
+    with np.load(inputs, allow_pickle=False) as data:
+        golden = {k: data[k] for k in data.files}
+    pre_name, post_name = f"{name}_pre", f"{name}_post"
+    with console.status("running the reference and writing the bundle"):
+        assemble(
+            out, name, Signature.load(signature), compiled,
+            Step(pre_name, pre, Signature.load(pre_signature)), Step(post_name, post, Signature.load(post_signature)),
+            load_model(model, checkpoint), golden,
+        )  # fmt: skip
+    out_console_line(f"wrote the {name} bundle ({pre_name} -> {compiled.name} -> {post_name}) to {out}")
 
 
 repo_app = typer.Typer(no_args_is_help=True, help="Inspect and maintain the S3 model repository.")
@@ -253,13 +288,16 @@ def repo_gc(
         float, typer.Option(help="seconds an incomplete version is left alone (a publish may be running)")
     ] = 3600,
     dry_run: Annotated[bool, typer.Option(help="only list what would be removed")] = False,
+    keep: Annotated[
+        int | None, typer.Option(help="also retire sealed versions beyond the newest KEEP (never a served one)")
+    ] = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:
-    """Remove version folders that have no manifest (interrupted publishes)."""
-    removed = _repository(repository, s3_endpoint).gc(grace, dry_run)
+    """Remove version folders that have no manifest (interrupted publishes); with --keep, old versions too."""
+    removed = _repository(repository, s3_endpoint).gc(grace, dry_run, keep=keep)
     for uri in removed:
         out_console_line(f"{'would remove' if dry_run else 'removed'} {uri}")
-    out_console_line(f"{len(removed)} incomplete version(s) {'found' if dry_run else 'removed'}")
+    out_console_line(f"{len(removed)} version folder(s) {'found' if dry_run else 'removed'}")
 
 
 @repo_app.command("history")
@@ -321,6 +359,49 @@ def stage_cmd(
         raise typer.Exit(1)
 
 
+TuningOption = Annotated[Path | None, typer.Option(help="tuning.json written by `tritonship tune`")]
+
+
+@app.command("tune")
+@friendly_errors
+def tune_cmd(
+    repository: RepositoryOption,
+    model: ModelOption,
+    version: VersionOption,
+    gate: GateOption,
+    out_file: Annotated[Path, typer.Option("--out", help="write the tuning result (JSON) here")],
+    concurrency: Annotated[int, typer.Option(help="perf_analyzer concurrency (use the gate's)")] = 4,
+    window_ms: Annotated[int, typer.Option(help="perf_analyzer measurement window")] = 1000,
+    stability_pct: Annotated[float, typer.Option(help="perf_analyzer stability threshold")] = 20.0,
+    max_p99_ms: Annotated[
+        float | None, typer.Option(help="p99 limit; default: the default settings' p99 + slack")
+    ] = None,
+    p99_slack_pct: Annotated[float, typer.Option(help="how much p99 may grow over the default's")] = 10.0,
+    budget: Annotated[int, typer.Option(help="settings measured at most")] = 16,
+    min_gain_pct: Annotated[float, typer.Option(help="smallest throughput gain that moves the search")] = 5.0,
+    s3_endpoint: EndpointOption = None,
+) -> None:
+    """Search the candidate's serving settings on the gate server (config override; S3 untouched)."""
+    from rich.table import Table
+
+    from components import report
+    from components.perf import LoadSettings
+    from components.tune import TuneSettings, tune
+
+    settings = TuneSettings(
+        load=LoadSettings(concurrency=concurrency, window_ms=window_ms, stability_pct=stability_pct),
+        max_p99_ms=max_p99_ms, p99_slack_pct=p99_slack_pct, budget=budget, min_gain_pct=min_gain_pct,
+    )  # fmt: skip
+    with console.status(f"tuning {model} v{version} on the gate (at most {budget} settings)"):
+        result = tune(repository, model, version, _one_server(gate), settings, s3=s3_settings(s3_endpoint))
+    out_file.write_text(result.to_json())
+    table = Table(*report.TUNING_HEADER)
+    for row in report.tuning_rows(json.loads(result.to_json())):
+        table.add_row(*row)
+    out.print(table)
+    out_console_line(f"chosen: {result.chosen} ({len(result.trials)} of {result.grid_size} settings measured)")
+
+
 @app.command("gate")
 @friendly_errors
 def gate_cmd(
@@ -340,12 +421,14 @@ def gate_cmd(
     max_p99_regression_pct: Annotated[float | None, typer.Option(help="limit relative to stable")] = 10.0,
     max_throughput_regression_pct: Annotated[float | None, typer.Option(help="limit relative to stable")] = 10.0,
     max_noise_pct: Annotated[float, typer.Option(help="a wider 90% interval of the ratios is inconclusive")] = 40.0,
+    tuning: TuningOption = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Measure candidate against stable with perf_analyzer and decide pass / fail / inconclusive. Exit 0 only on pass."""
     from components import gate as gate_step
     from components.perf import LoadSettings
     from components.stage import StageResult
+    from components.tune import TuneResult
 
     settings = gate_step.GateSettings(
         load=LoadSettings(
@@ -360,7 +443,15 @@ def gate_cmd(
     staged = StageResult.from_json(stage_result.read_text()) if stage_result else None
     with console.status(f"measuring {model} v{version} against stable ({rounds} rounds)"):
         result = gate_step.gate(
-            repository, model, version, _one_server(gate), settings, staged, out, s3=s3_settings(s3_endpoint)
+            repository,
+            model,
+            version,
+            _one_server(gate),
+            settings,
+            staged,
+            out,
+            s3=s3_settings(s3_endpoint),
+            tuning=TuneResult.from_json(tuning.read_text()) if tuning else None,
         )
     if (out / "report.md").exists():
         out_console_line((out / "report.md").read_text())
@@ -376,18 +467,21 @@ def promote_cmd(
     verdict: Annotated[Path, typer.Option(help="verdict.json written by `tritonship gate`; must say pass")],
     replicas: Annotated[str, typer.Option(help="production replicas: host:port,... or k8s://ns/selector")],
     gate: UnloadGateOption = None,
+    tuning: TuningOption = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Roll the gated candidate out to every production replica, one at a time; revert on any failure."""
     from components.promote import promote
     from components.replicas import resolve
+    from components.tune import TuneResult
 
     decided = json.loads(verdict.read_text())
     targets = resolve(replicas)
+    serving = TuneResult.from_json(tuning.read_text()).chosen if tuning else None
     with console.status(f"promoting {decided['model']} v{decided['version']} to {len(targets)} replicas") as status:
         result = promote(
             repository, decided["model"], int(decided["version"]), targets, decided["verdict"],
-            gate_url=_one_server(gate) if gate else None, s3=s3_settings(s3_endpoint),
+            gate_url=_one_server(gate) if gate else None, settings=serving, s3=s3_settings(s3_endpoint),
             progress=lambda what, replica: status.update(f"{what} {replica.name}"),
         )  # fmt: skip
     out_console_line(

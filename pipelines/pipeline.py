@@ -113,12 +113,57 @@ def stage_op(repository: str, model_name: str, version: int, gate: str, s3_endpo
 
 
 @dsl.component(base_image=image("gate"))
+def tune_op(
+    repository: str,
+    model_name: str,
+    version: int,
+    gate: str,
+    stage_result: str,
+    s3_endpoint: str,
+    run_id: str,
+    enabled: bool,
+    budget: int,
+    concurrency: int,
+    window_ms: int,
+    stability_pct: float,
+    max_p99_ms: float,
+    report: Output[Markdown],
+) -> str:
+    """Search the candidate's serving settings on the gate (config overrides; S3 untouched). Returns the
+    tuning result (JSON); turned off, or after a failed stage, it is the default settings, unmeasured."""
+    import json
+    from pathlib import Path
+
+    from components.perf import LoadSettings
+    from components.replicas import resolve
+    from components.report import tuning_markdown
+    from components.s3repo import S3Settings
+    from components.stage import StageResult
+    from components.tune import TuneSettings, tune
+
+    staged = StageResult.from_json(stage_result)
+    settings = TuneSettings(
+        load=LoadSettings(concurrency=concurrency, window_ms=window_ms, stability_pct=stability_pct),
+        max_p99_ms=max_p99_ms if max_p99_ms > 0 else None,
+        budget=budget,
+    )
+    result = tune(
+        repository, model_name, int(version), resolve(gate)[0].url, settings, s3=S3Settings.from_env(s3_endpoint),
+        run_id=run_id, enabled=enabled and staged.accuracy_passed,
+    )  # fmt: skip
+    text = result.to_json()
+    Path(report.path).write_text("\n".join(tuning_markdown(json.loads(text))) if result.trials else "tuning was off\n")
+    return text
+
+
+@dsl.component(base_image=image("gate"))
 def gate_op(
     repository: str,
     model_name: str,
     version: int,
     gate: str,
     stage_result: str,
+    tuning_json: str,
     s3_endpoint: str,
     run_id: str,
     concurrency: int,
@@ -145,6 +190,7 @@ def gate_op(
     from components.replicas import resolve
     from components.s3repo import S3Settings
     from components.stage import StageResult
+    from components.tune import TuneResult
 
     def limit(value: float):
         return value if value > 0 else None
@@ -164,6 +210,7 @@ def gate_op(
         result = run_gate(
             repository, model_name, int(version), resolve(gate)[0].url, settings,
             StageResult.from_json(stage_result), Path(tmp), s3=S3Settings.from_env(s3_endpoint), run_id=run_id,
+            tuning=TuneResult.from_json(tuning_json),
         )  # fmt: skip
         Path(report.path).write_text((Path(tmp) / "report.md").read_text())
         Path(report_html.path).write_text((Path(tmp) / "report.html").read_text())
@@ -180,17 +227,19 @@ def gate_op(
 
 @dsl.component(base_image=image("tools"))
 def promote_op(repository: str, model_name: str, version: int, replicas: str, gate: str, verdict_json: str,
-               s3_endpoint: str, run_id: str):  # fmt: skip
-    """Rolling reload of every production replica; reverts and fails on any error."""
+               tuning_json: str, s3_endpoint: str, run_id: str):  # fmt: skip
+    """Rolling reload of every production replica with the tuned settings; reverts and fails on any error."""
     import json
 
     from components.promote import promote
     from components.replicas import resolve
     from components.s3repo import S3Settings
+    from components.tune import TuneResult
 
     verdict = json.loads(verdict_json)["verdict"]
     promote(repository, model_name, int(version), resolve(replicas), verdict, resolve(gate)[0].url,
-            s3=S3Settings.from_env(s3_endpoint), run_id=run_id)  # fmt: skip
+            settings=TuneResult.from_json(tuning_json).chosen, s3=S3Settings.from_env(s3_endpoint),
+            run_id=run_id)  # fmt: skip
 
 
 @dsl.component(base_image=image("tools"))
@@ -245,6 +294,8 @@ def release_steps(
     max_p99_regression_pct: float,
     max_throughput_regression_pct: float,
     max_noise_pct: float,
+    tune: bool,
+    tune_budget: int,
 ):
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
     cleanup = _with_s3_secret(
@@ -263,10 +314,18 @@ def release_steps(
                      run_id=run_id),
             aws_secret_name,
         )  # fmt: skip
+        tuned = _with_s3_secret(
+            tune_op(
+                repository=repository, model_name=model_name, version=version, gate=gate, stage_result=staged.output,
+                s3_endpoint=s3_endpoint, run_id=run_id, enabled=tune, budget=tune_budget, concurrency=concurrency,
+                window_ms=window_ms, stability_pct=stability_pct, max_p99_ms=max_p99_ms,
+            ),
+            aws_secret_name,
+        )  # fmt: skip
         gated = _with_s3_secret(
             gate_op(
                 repository=repository, model_name=model_name, version=version, gate=gate, stage_result=staged.output,
-                s3_endpoint=s3_endpoint, run_id=run_id, concurrency=concurrency, rounds=rounds, window_ms=window_ms,
+                tuning_json=tuned.outputs["Output"], s3_endpoint=s3_endpoint, run_id=run_id, concurrency=concurrency, rounds=rounds, window_ms=window_ms,
                 stability_pct=stability_pct, max_p99_ms=max_p99_ms, min_throughput=min_throughput,
                 max_p99_regression_pct=max_p99_regression_pct,
                 max_throughput_regression_pct=max_throughput_regression_pct, max_noise_pct=max_noise_pct,
@@ -276,7 +335,8 @@ def release_steps(
         with dsl.If(gated.outputs["verdict"] == "pass", name="verdict-pass"):
             _with_s3_secret(
                 promote_op(repository=repository, model_name=model_name, version=version, replicas=replicas, gate=gate,
-                           verdict_json=gated.outputs["verdict_json"], s3_endpoint=s3_endpoint, run_id=run_id),
+                           verdict_json=gated.outputs["verdict_json"], tuning_json=tuned.outputs["Output"],
+                           s3_endpoint=s3_endpoint, run_id=run_id),
                 aws_secret_name,
             )  # fmt: skip
         with dsl.Else(name="verdict-not-pass"):
@@ -332,6 +392,8 @@ def release_pipeline(
     max_p99_regression_pct: float = 10.0,
     max_throughput_regression_pct: float = 10.0,
     max_noise_pct: float = 40.0,
+    tune: bool = True,
+    tune_budget: int = 16,
 ):
     exported = _with_s3_secret(
         export_op(model_source=model_source, checkpoint=checkpoint, signature=signature, golden_samples=golden_samples),
@@ -344,5 +406,5 @@ def release_pipeline(
         aws_secret_name=aws_secret_name, replicas=replicas, gate=gate, concurrency=concurrency, rounds=rounds,
         window_ms=window_ms, stability_pct=stability_pct, max_p99_ms=max_p99_ms, min_throughput=min_throughput,
         max_p99_regression_pct=max_p99_regression_pct, max_throughput_regression_pct=max_throughput_regression_pct,
-        max_noise_pct=max_noise_pct,
+        max_noise_pct=max_noise_pct, tune=tune, tune_budget=tune_budget,
     )  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 from torch import nn
@@ -150,14 +151,39 @@ def write_signature(path: Path, signature: dict) -> Path:
     return path
 
 
+def _add_parameter(folder: Path, key: str, value: str) -> None:
+    config = folder / "config.pbtxt"
+    config.write_text(
+        config.read_text() + f'parameters {{\n  key: "{key}"\n  value {{\n    string_value: "{value}"\n  }}\n}}\n'
+    )
+
+
 def delayed_folder(tmp_path: Path, name: str, delay_us: int, seed: int = 0) -> Path:
     """mlp_folder served by tests/fixtures/delayed_model.py, which sleeps `delay_us` per request."""
     folder = mlp_folder(tmp_path, name, seed=seed)
     (folder / "1" / "model.py").write_text((Path(__file__).parent / "fixtures" / "delayed_model.py").read_text())
-    config = folder / "config.pbtxt"
-    config.write_text(
-        config.read_text() + f'parameters {{\n  key: "delay_us"\n  value {{\n    string_value: "{delay_us}"\n  }}\n}}\n'
+    _add_parameter(folder, "delay_us", str(delay_us))
+    return folder
+
+
+def numpy_mlp_folder(
+    tmp_path: Path, name: str, seed: int = 0, delay_us: int = 0, weights_seed: int | None = None
+) -> Path:
+    """mlp_folder served by tests/fixtures/numpy_mlp_model.py (MLP in numpy; loads in ~1 s). The served
+    weights come from `weights_seed` (default: `seed`, the golden outputs' model)."""
+    folder = mlp_folder(tmp_path, name, seed=seed)
+    state = MLP(seed=seed if weights_seed is None else weights_seed).state_dict()
+    np.savez(
+        folder / "1" / "weights.npz",
+        **{
+            f"{k}{i}": state[f"net.{layer}.{kind}"].numpy()
+            for i, layer in enumerate((0, 2))
+            for k, kind in (("w", "weight"), ("b", "bias"))
+        },
     )
+    (folder / "1" / "model.py").write_text((Path(__file__).parent / "fixtures" / "numpy_mlp_model.py").read_text())
+    if delay_us:
+        _add_parameter(folder, "delay_us", str(delay_us))
     return folder
 
 

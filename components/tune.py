@@ -1,0 +1,297 @@
+"""Tune step: find the candidate's serving settings on the gate server before it is gated.
+
+Each setting (max_batch_size, dynamic batching delay and preferred batch sizes, instance count) is tried
+by reloading `<model>__candidate` on the gate through the load API with a config override (S3 is never
+written) and measuring it with perf_analyzer at the gate's load. The chosen setting has the highest
+throughput whose p99 stays within the latency limit: the given one, or else the default setting's p99
+plus `p99_slack_pct` (tuning must not buy throughput with latency nobody agreed to).
+
+The search is a coordinate search from the default: one knob at a time, every value of it with the other
+knobs at their best so far; it moves only for a gain of at least `min_gain_pct` and stops after a pass
+over all knobs that moved nothing, or when `budget` settings have been measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components import log, model_config, perf
+from components.errors import TritonshipError
+from components.model_config import ServingSettings
+from components.repository import ModelRepository, candidate_name
+from components.s3repo import S3Settings
+from components.stage import CandidateVersion, read_candidate
+from components.triton_admin import TritonAdmin, TritonError
+
+LOG = log.get("tune")
+WARM_UP_REQUESTS = 20
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    load: perf.LoadSettings = field(default_factory=lambda: perf.LoadSettings(concurrency=4))
+    max_p99_ms: float | None = None
+    p99_slack_pct: float = 10.0
+    budget: int = 16
+    min_gain_pct: float = 5.0
+    instance_counts: tuple[int, ...] = (1, 2, 3)
+    queue_delays_us: tuple[int, ...] = (0, 500, 2000, 8000)
+    perf_timeout_s: float = 120.0
+
+
+@dataclass
+class Trial:
+    settings: ServingSettings
+    throughput: float | None = None
+    p99_ms: float | None = None
+    problem: str = ""  # why it could not be measured (load refused, perf_analyzer failed)
+
+    @property
+    def measured(self) -> bool:
+        return self.throughput is not None and not self.problem
+
+    def row(self) -> dict[str, Any]:
+        return {**asdict(self.settings), "throughput": self.throughput, "p99_ms": self.p99_ms, "problem": self.problem}
+
+
+@dataclass
+class TuneResult:
+    model: str
+    version: int
+    default: ServingSettings
+    chosen: ServingSettings
+    p99_limit_ms: float | None
+    grid_size: int
+    trials: list[Trial] = field(default_factory=list)
+    seconds: float = 0.0
+    enabled: bool = True
+
+    def trial(self, settings: ServingSettings) -> Trial | None:
+        return next((t for t in self.trials if t.settings == settings), None)
+
+    @property
+    def gain_pct(self) -> float | None:
+        """Throughput of the chosen setting over the default's, in percent."""
+        default, chosen = self.trial(self.default), self.trial(self.chosen)
+        if not (default and chosen and default.measured and chosen.measured and default.throughput):
+            return None
+        return (chosen.throughput / default.throughput - 1) * 100
+
+    def to_json(self) -> str:
+        data = {k: v for k, v in self.__dict__.items() if k != "trials"}
+        data["default"], data["chosen"] = asdict(self.default), asdict(self.chosen)
+        data["trials"] = [t.row() for t in self.trials]
+        data["gain_pct"] = self.gain_pct
+        return json.dumps(data, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> TuneResult:
+        data = json.loads(text)
+        trials = [
+            Trial(settings_from(row), row["throughput"], row["p99_ms"], row["problem"]) for row in data.pop("trials")
+        ]
+        data.pop("gain_pct", None)
+        return cls(**{**data, "default": settings_from(data["default"]), "chosen": settings_from(data["chosen"])},
+                   trials=trials)  # fmt: skip
+
+
+def settings_from(data: dict[str, Any]) -> ServingSettings:
+    names = {f.name for f in dataclasses.fields(ServingSettings)}
+    values = {k: v for k, v in data.items() if k in names}
+    values["preferred_batch_sizes"] = tuple(values.get("preferred_batch_sizes") or ())
+    return ServingSettings(**values)
+
+
+def default_settings(config: model_config.ModelConfig) -> ServingSettings:
+    """What the compiled model's config.pbtxt serves with."""
+    batching = config.HasField("dynamic_batching")
+    return ServingSettings(
+        max_batch_size=config.max_batch_size or None,
+        dynamic_batching=batching,
+        max_queue_delay_us=config.dynamic_batching.max_queue_delay_microseconds if batching else 0,
+        preferred_batch_sizes=tuple(config.dynamic_batching.preferred_batch_size) if batching else (),
+        instance_count=config.instance_group[0].count if config.instance_group else 1,
+    )
+
+
+# --------------------------------------------------------------------------------------- the space
+Knob = tuple[str, Callable[[ServingSettings], list[ServingSettings]]]
+
+
+def knobs(default: ServingSettings, settings: TuneSettings) -> list[Knob]:
+    """Each knob: its name and the settings that differ from a given one in that knob only (itself included)."""
+    largest = default.max_batch_size or 0
+    batch_sizes = sorted({b for b in (1, 4, 16, 64, 256) if b < largest} | {largest})
+
+    def follow(s: ServingSettings) -> ServingSettings:  # preferred batch sizes follow max_batch_size
+        return dataclasses.replace(s, preferred_batch_sizes=(s.max_batch_size,)) if s.preferred_batch_sizes else s
+
+    def instances(c: ServingSettings) -> list[ServingSettings]:
+        return [dataclasses.replace(c, instance_count=n) for n in settings.instance_counts]
+
+    def max_batch(c: ServingSettings) -> list[ServingSettings]:
+        return [follow(dataclasses.replace(c, max_batch_size=b)) for b in batch_sizes]
+
+    def queue_delay(c: ServingSettings) -> list[ServingSettings]:
+        return [dataclasses.replace(c, dynamic_batching=True, max_queue_delay_us=d) for d in settings.queue_delays_us]
+
+    def preferred(c: ServingSettings) -> list[ServingSettings]:
+        return [dataclasses.replace(c, preferred_batch_sizes=p) for p in ((), (c.max_batch_size,))]
+
+    if not largest:  # a model without a batch dimension: only instances can change
+        return [("instance_count", instances)]
+    return [
+        ("instance_count", instances),
+        ("max_batch_size", max_batch),
+        ("max_queue_delay_us", queue_delay),
+        ("preferred_batch_sizes", preferred),
+    ]
+
+
+def grid(default: ServingSettings, settings: TuneSettings) -> list[ServingSettings]:
+    """Every combination of every knob's values (the full grid the search avoids measuring)."""
+    points = [default]
+    for _name, values in knobs(default, settings):
+        points = [v for p in points for v in values(p)]
+    unique: dict[ServingSettings, None] = dict.fromkeys(points)
+    return list(unique)
+
+
+# -------------------------------------------------------------------------------------- measuring
+class GateBench:
+    """Loads the candidate with given settings on the gate server and measures it."""
+
+    def __init__(self, gate_url: str, candidate: CandidateVersion, load: perf.LoadSettings, timeout: float) -> None:
+        self.admin = TritonAdmin(gate_url)
+        self.candidate = candidate
+        self.load = load
+        self.timeout = timeout
+        self.name = candidate_name(candidate.model)
+        self._tmp = tempfile.TemporaryDirectory(prefix="tritonship-tune-")
+        self.data = perf.write_input_data(
+            candidate.golden_inputs, Path(self._tmp.name) / "input.json", batched=candidate.config.max_batch_size > 0
+        )
+
+    def close(self) -> None:
+        self.admin.close()
+        self._tmp.cleanup()
+
+    def apply(self, settings: ServingSettings) -> None:
+        config = model_config.with_settings(self.candidate.candidate_config(), settings)
+        self.admin.load(self.name, config)
+        self.admin.wait_ready(self.name, self.candidate.version)
+
+    def measure(self, settings: ServingSettings) -> Trial:
+        trial = Trial(settings)
+        try:
+            self.apply(settings)
+        except TritonError as exc:
+            trial.problem = f"not loaded: {exc}"
+            return trial
+        first = {k: v[:1] for k, v in self.candidate.golden_inputs.items()}
+        for _ in range(WARM_UP_REQUESTS):
+            self.admin.infer(self.name, first, self.candidate.output_names, self.candidate.version)
+        run = perf.measure(
+            self.admin.url, self.name, self.data, self.load, version=str(self.candidate.version), timeout=self.timeout
+        )
+        if not run.ok:
+            trial.problem = f"perf_analyzer: {run.reason}"
+            return trial
+        trial.throughput = run.points[0].throughput
+        # pooled over every request of the measured windows, as the gate reads it
+        trial.p99_ms = (
+            float(np.percentile(run.latencies_us, 99)) / 1000 if run.latencies_us.size else run.points[0].p99_us / 1000
+        )
+        return trial
+
+
+def _best(trials: Iterator[Trial], limit_ms: float | None) -> Trial | None:
+    within = [t for t in trials if t.measured and (limit_ms is None or t.p99_ms <= limit_ms)]
+    return max(within, key=lambda t: t.throughput, default=None)
+
+
+def search(measure: Callable[[ServingSettings], Trial], default: ServingSettings, settings: TuneSettings,
+           grid_size: int) -> TuneResult:  # fmt: skip
+    """Coordinate search from `default` (see the module docstring). `measure` loads and measures one setting."""
+    result = TuneResult("", 0, default, default, settings.max_p99_ms, grid_size)
+    measured: dict[ServingSettings, Trial] = {}
+
+    def run(candidate: ServingSettings) -> Trial | None:
+        if candidate not in measured:
+            if len(measured) >= settings.budget:
+                return None
+            measured[candidate] = measure(candidate)
+            result.trials.append(measured[candidate])
+            log.event(LOG, "trial", **measured[candidate].row())
+        return measured[candidate]
+
+    baseline = run(default)
+    if baseline is None or not baseline.measured:
+        return result  # the default stays; the gate measures (and judges) it
+    if result.p99_limit_ms is None:
+        result.p99_limit_ms = baseline.p99_ms * (1 + settings.p99_slack_pct / 100)
+    current = default if baseline.p99_ms <= result.p99_limit_ms else None
+    moved = True
+    while moved and len(measured) < settings.budget:
+        moved = False
+        for _name, values in knobs(default, settings):
+            anchor = current or default
+            tried = [t for t in (run(v) for v in values(anchor)) if t is not None]
+            best = _best(iter(tried), result.p99_limit_ms)
+            if best is None or best.settings == current:
+                continue
+            reference = measured.get(current) if current else None
+            if reference is None or best.throughput >= reference.throughput * (1 + settings.min_gain_pct / 100):
+                current, moved = best.settings, True
+    result.chosen = current or default
+    return result
+
+
+def tune(
+    repository: str,
+    model: str,
+    version: int,
+    gate_url: str,
+    settings: TuneSettings | None = None,
+    s3: S3Settings | None = None,
+    run_id: str = "",
+    enabled: bool = True,
+) -> TuneResult:
+    """The tune step: search, leave the candidate loaded with the chosen settings, record the table."""
+    settings = settings or TuneSettings()
+    repo = ModelRepository(repository, s3)
+    candidate = read_candidate(repo, model, version)
+    default = default_settings(candidate.config)
+    size = len(grid(default, settings))
+    started = time.monotonic()
+    if not enabled or candidate.members:  # an ensemble is promoted with its members' own configs
+        result = TuneResult(model, version, default, default, None, size, enabled=False)
+    else:
+        bench = GateBench(gate_url, candidate, settings.load, settings.perf_timeout_s)
+        try:
+            bench.admin.ensure_live()
+            if not bench.admin.is_ready(bench.name, version):
+                raise TritonshipError(
+                    f"the candidate {bench.name} v{version} is not loaded on {gate_url}; run stage first."
+                )
+            result = search(bench.measure, default, settings, size)
+            result.model, result.version = model, version
+            if result.trials and result.trials[-1].settings != result.chosen:
+                bench.apply(result.chosen)
+        finally:
+            bench.close()
+    result.seconds = time.monotonic() - started
+    details = {k: v for k, v in json.loads(result.to_json()).items() if k not in ("model", "version")}
+    repo.record(model, "tuned", version, run_id, **details)
+    log.event(LOG, "tuned", model=model, version=version, chosen=asdict(result.chosen), gain_pct=result.gain_pct,
+              tried=len(result.trials), grid=size)  # fmt: skip
+    return result

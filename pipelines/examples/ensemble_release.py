@@ -1,0 +1,74 @@
+"""The recommender as a Triton ensemble, released end to end on the embedded stack:
+
+    .venv/bin/python -m pipelines.examples.ensemble_release
+
+v1 (first release) and v2 (retrained) are promoted with their pre/post-processing steps as one release;
+v3 ships a wrong id map in its postprocessing, fails the accuracy check and is rejected. A client calls the
+ensemble on both production replicas the whole time; the table at the end says what it saw.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from components import perf
+from components.gate import GateSettings, Thresholds, gate
+from components.promote import promote, reject
+from components.publish import publish
+from components.replicas import Replica
+from components.repository import ModelRepository
+from components.stage import stage
+from components.triton_admin import TritonAdmin
+from pipelines.samples import recsys
+from pipelines.stack import EmbeddedStack
+
+LOAD = perf.LoadSettings(concurrency=1, window_ms=1000, stability_pct=25)
+FIRST = GateSettings(load=LOAD, thresholds=Thresholds(max_p99_ms=200), rounds=1)
+NEXT = GateSettings(load=LOAD, thresholds=Thresholds(max_p99_regression_pct=25, max_throughput_regression_pct=25),
+                    rounds=3, max_noise_pct=50)  # fmt: skip
+
+
+def main() -> None:
+    console = Console()
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=2, gate=True) as stack:
+        repository = f"s3://{stack.bucket}"
+        replicas = [Replica(s.name, s.http_url) for s in stack.replicas]
+        releases = [("v1", "recommender_v1", False, FIRST), ("v2", "recommender_v2", False, NEXT),
+                    ("v3 (wrong id map)", "recommender_v2", True, NEXT)]  # fmt: skip
+        rows = []
+        for label, factory, broken, settings in releases:
+            with console.status(f"{label}: export, compile, assemble the ensemble"):
+                bundle = recsys.build_bundle(Path(tmp) / label.split()[0], factory, wrong_id_map=broken)
+            with console.status(f"{label}: publish, stage, gate"):
+                version = publish(bundle, repository, s3=stack.s3).version
+                staged = stage(repository, "recsys", version, stack.gate.http_url, s3=stack.s3)
+                verdict = gate(repository, "recsys", version, stack.gate.http_url, settings, staged, s3=stack.s3)
+            if verdict.verdict == "pass":
+                with console.status(f"{label}: promoting to {len(replicas)} replicas"):
+                    promote(repository, "recsys", version, replicas, "pass", stack.gate.http_url, s3=stack.s3)
+            else:
+                reject(
+                    repository, "recsys", version, verdict.verdict, verdict.reasons, stack.gate.http_url, s3=stack.s3
+                )
+            summary = verdict.candidate.summary()
+            rows.append([label, str(version), verdict.verdict, f"{summary['p99_ms']:.2f}" if summary["p99_ms"] else "-",
+                         "; ".join(verdict.reasons)[:80]])  # fmt: skip
+        history = recsys.histories(1, seed=3)
+        served = Counter(TritonAdmin(s.http_url).served_version("recsys", {"history": history}, ["recommended"])
+                         for s in stack.replicas)  # fmt: skip
+        repo = ModelRepository(repository, stack.s3)
+        table = Table("release", "version", "verdict", "p99 ms", "reasons", title="recsys ensemble releases")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        console.print(f"production replicas serve recsys v{', v'.join(map(str, served))}; members of the last "
+                      f"promotion: {[e for e in repo.history('recsys') if e['event'] == 'promoted'][-1]['members']}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Sample releases for the demo and the tests."""

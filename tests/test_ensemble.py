@@ -1,0 +1,163 @@
+"""Ensemble releases on the embedded stack: the recommender with its pre/post-processing steps, released,
+gated through the ensemble and promoted as one; a broken id map caught by the accuracy check."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from components.ensemble import EnsembleError, read_bundle
+from components.model_folder import load_golden
+from components.promote import promote, reject
+from components.publish import publish
+from components.repository import ModelRepository, candidate_name
+from components.stage import stage
+from components.triton_admin import TritonAdmin
+from pipelines.samples import recsys
+from tests.release_helpers import FIRST_RELEASE_GATE, TEST_GATE, replicas, repository
+
+NAME = "recsys"
+MEMBERS = ["recsys_pre", "recsys_model", "recsys_post"]
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bundles")
+    return {
+        "v1": recsys.build_bundle(root / "v1", "recommender_v1"),
+        "v2": recsys.build_bundle(root / "v2", "recommender_v2"),
+        "broken": recsys.build_bundle(root / "broken", "recommender_v2", wrong_id_map=True),
+    }
+
+
+def _golden(bundle: Path) -> tuple[np.ndarray, np.ndarray]:
+    inputs, outputs = load_golden(bundle / NAME / "1" / "golden.npz")
+    return inputs["history"][:1], outputs["recommended"][:1]
+
+
+class EnsembleClient:
+    """Calls the ensemble (unversioned) on every replica; records each answer's version and whether it is
+    exactly that version's reference answer (a mix of old and new members would match neither)."""
+
+    def __init__(self, urls: list[str], history: np.ndarray, expected: dict[int, np.ndarray]) -> None:
+        self.history, self.expected = history, expected
+        self.answers: list[tuple[int, bool]] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(u,), daemon=True) for u in urls]
+
+    def _run(self, url: str) -> None:
+        admin = TritonAdmin(url, timeout=10, retries=1)
+        while not self._stop.is_set():
+            try:
+                version, outputs = admin.served(NAME, {"history": self.history}, ["recommended"])
+                got = outputs["recommended"]
+                self.answers.append((version, version in self.expected and np.array_equal(got, self.expected[version])))
+            except Exception as exc:  # every failure is counted
+                self.failures.append(f"{url}: {exc}")
+            self._stop.wait(0.01)
+        admin.close()
+
+    def __enter__(self) -> EnsembleClient:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=30)
+
+
+def _release(stack, bundle: Path, settings, run_id: str):
+    from components.gate import gate
+
+    version = publish(bundle, repository(stack), run_id, s3=stack.s3).version
+    staged = stage(repository(stack), NAME, version, stack.gate.http_url, s3=stack.s3, run_id=run_id)
+    verdict = gate(repository(stack), NAME, version, stack.gate.http_url, settings, staged, s3=stack.s3, run_id=run_id)
+    return version, staged, verdict
+
+
+def test_bundle_is_checked_before_anything_is_written(tmp_path, bundles):
+    bundle = read_bundle(bundles["v1"])
+    assert bundle.name == NAME and [m.config.name for m in bundle.members] == MEMBERS
+    import shutil
+
+    shutil.copytree(bundles["v1"], tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "recsys_post")
+    with pytest.raises(EnsembleError, match="missing: recsys_post"):
+        read_bundle(tmp_path / "b")
+
+
+@pytest.fixture(scope="module")
+def first_release(stack, bundles) -> int:
+    """The stable ensemble the tests release over: v1, gated on an absolute limit (no stable yet)."""
+    version, staged, verdict = _release(stack, bundles["v1"], FIRST_RELEASE_GATE, "ens-1")
+    assert staged.accuracy_passed and verdict.verdict == "pass", verdict.reasons
+    promote(repository(stack), NAME, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id="ens-1")
+    return version
+
+
+def test_ensemble_release_is_promoted_as_one_with_zero_failed_requests(stack, bundles, first_release):
+    repo = ModelRepository(repository(stack), stack.s3)
+    v1 = first_release
+
+    history, answer_v1 = _golden(bundles["v1"])
+    _, answer_v2 = _golden(bundles["v2"])
+    assert not np.array_equal(answer_v1, answer_v2)  # the two releases recommend differently
+    urls = [s.http_url for s in stack.replicas]
+    with EnsembleClient(urls, history, {v1: answer_v1, v1 + 1: answer_v2}) as client:
+        v2, staged, verdict = _release(stack, bundles["v2"], TEST_GATE, "ens-2")
+        assert v2 == v1 + 1 and staged.accuracy_passed and verdict.verdict == "pass", verdict.reasons
+        assert verdict.stable_version == v1 and verdict.stable.throughput  # measured through the stable ensemble
+        promote(repository(stack), NAME, v2, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id="ens-2")
+    assert client.failures == [], client.failures[:3]
+    assert {v for v, _ in client.answers} == {v1, v2}
+    assert all(exact for _, exact in client.answers)  # every answer is one release's, never a mix
+
+    # production: the ensemble pinned to the new members, which alone are loaded and desired
+    desired = repo.desired_config(NAME)[0]
+    assert [(s.model_name, s.model_version) for s in desired.ensemble_scheduling.step] == [(m, v2) for m in MEMBERS]
+    for member in MEMBERS:
+        assert repo.desired_config(member)[0].version_policy.specific.versions == [v2]
+        for url in urls:
+            assert TritonAdmin(url).ready_versions(member) == [v2]
+    # the gate holds no candidate and no stable copy any more
+    gate_index = {e["name"] for e in TritonAdmin(stack.gate.http_url).repository_index() if e.get("state") == "READY"}
+    assert not gate_index & {NAME, *MEMBERS, candidate_name(NAME), *map(candidate_name, MEMBERS)}
+
+    events = [e for e in repo.history(NAME) if e["run_id"] == "ens-2"]
+    assert [e["event"] for e in events] == ["published", "staged", "gate", "promoted"]
+    assert events[0]["members"] == events[-1]["members"] == dict.fromkeys(MEMBERS, v2)
+
+    stack.restart_triton("prod-1", load_models=[NAME])  # a new pod: the ensemble and its members from S3
+    restarted = TritonAdmin(stack.replicas[1].http_url)
+    assert restarted.ready_versions(NAME) == [v2] and all(restarted.ready_versions(m) == [v2] for m in MEMBERS)
+
+
+def test_broken_postprocessing_fails_the_accuracy_check_and_production_keeps_its_ensemble(
+    stack, bundles, first_release
+):
+    repo = ModelRepository(repository(stack), stack.s3)
+    desired_before = repo.desired_config(NAME)[0]
+    stable = desired_before.version_policy.specific.versions[0]  # v1, or v2 after the promotion test
+    version, staged, verdict = _release(stack, bundles["broken"], TEST_GATE, "ens-broken")
+    assert not staged.accuracy_passed
+    assert [r.name for r in staged.accuracy if not r.passed] == ["recommended"]  # scores are right, ids are not
+    assert verdict.verdict == "fail" and "accuracy check failed for output(s) recommended" in verdict.reasons[0]
+    reject(repository(stack), NAME, version, verdict.verdict, verdict.reasons, stack.gate.http_url, s3=stack.s3,
+           run_id="ens-broken")  # fmt: skip
+    history, answer = _golden(bundles["v1" if stable == first_release else "v2"])
+    for server in stack.replicas:
+        admin = TritonAdmin(server.http_url)
+        assert admin.ready_versions(NAME) == [stable]
+        np.testing.assert_array_equal(admin.infer(NAME, {"history": history}, ["recommended"])["recommended"], answer)
+    assert repo.desired_config(NAME)[0] == desired_before
+    gate = TritonAdmin(stack.gate.http_url)
+    assert not any(gate.is_ready(candidate_name(n)) for n in [NAME, *MEMBERS])  # members unloaded with it
+    events = [e for e in repo.history(NAME) if e["run_id"] == "ens-broken"]
+    assert [e["event"] for e in events] == ["published", "staged", "gate", "rejected"]
+    assert events[0]["members"] == dict.fromkeys(MEMBERS, version)

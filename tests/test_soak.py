@@ -1,0 +1,135 @@
+"""Soak: 30 consecutive releases of one model, passing and failing candidates mixed, while a client sends
+unversioned requests to both production replicas the whole time."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from components import perf
+from components.gate import GateSettings, Thresholds, gate
+from components.promote import promote, reject
+from components.publish import publish
+from components.repository import ModelRepository
+from components.stage import stage
+from components.triton_admin import TritonAdmin
+from pipelines.stack import EmbeddedStack
+from tests.models import numpy_mlp_folder
+from tests.release_helpers import SteadyClient, replicas, unique
+
+RELEASES = 30
+KEEP = 3
+X = {"x": np.ones((1, 16), np.float32)}
+# Absolute limits only, one round: this test is about the release machinery, not the gate's statistics
+# (benchmarks/gate_quality.py measures those). The slow candidates sleep 20 ms per request.
+SOAK_GATE = GateSettings(
+    load=perf.LoadSettings(concurrency=1, window_ms=500, stability_pct=50),
+    thresholds=Thresholds(max_p99_ms=10, max_p99_regression_pct=None, max_throughput_regression_pct=None),
+    rounds=1,
+)
+
+
+def _candidate(tmp_path: Path, name: str, i: int) -> tuple[Path, str]:
+    """Every fifth candidate answers wrongly, every fifth (offset) is too slow, the rest pass. The MLP is
+    served with numpy (loads in ~1 s, not ~5 s with torch): 90 loads stay within a few minutes."""
+    where = tmp_path / f"c{i}"
+    where.mkdir()
+    if i % 5 == 2:
+        return numpy_mlp_folder(where, name, seed=i, weights_seed=99), "rejected"
+    if i % 5 == 4:
+        return numpy_mlp_folder(where, name, seed=i, delay_us=20_000), "rejected"
+    return numpy_mlp_folder(where, name, seed=i), "promoted"
+
+
+def _processes_under(pid: int) -> list[tuple[int, str]]:
+    """(pid, executable name) of every descendant of `pid`, read from /proc."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        names[int(entry)] = name
+        children.setdefault(int(rest[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append((child, names[child]))
+            todo.append(child)
+    return found
+
+
+def _stubs(stack: EmbeddedStack) -> dict[str, int]:
+    """Python backend stub processes per tritonserver: one per loaded Python-backend model instance."""
+    return {
+        name: sum(n.startswith("triton_python") for _pid, n in _processes_under(server.process.pid))
+        for name, server in stack.servers.items()
+    }
+
+
+def test_thirty_releases_with_clients_running(tmp_path, stack):
+    """A first release gives the client a stable version to call; then 30 releases under load."""
+    name = unique("soak")
+    repository = f"s3://{stack.bucket}"
+    repo = ModelRepository(repository, stack.s3)
+    stubs_before = _stubs(stack)
+    expected_history: list[tuple[str, int]] = []
+    last_promoted = None
+
+    def release(i: int) -> None:
+        nonlocal last_promoted
+        folder, outcome = _candidate(tmp_path, name, i)
+        run_id = f"soak-{i}"
+        version = publish(folder, repository, run_id, s3=stack.s3).version
+        staged = stage(repository, name, version, stack.gate.http_url, s3=stack.s3, run_id=run_id)
+        verdict = gate(repository, name, version, stack.gate.http_url, SOAK_GATE, staged, s3=stack.s3, run_id=run_id)
+        assert (verdict.verdict == "pass") == (outcome == "promoted"), (i, verdict.reasons)
+        if verdict.verdict == "pass":
+            promote(repository, name, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3,
+                    run_id=run_id)  # fmt: skip
+            last_promoted = version
+        else:
+            reject(repository, name, version, verdict.verdict, verdict.reasons, stack.gate.http_url,
+                   s3=stack.s3, run_id=run_id)  # fmt: skip
+        expected_history.extend([("published", version), ("staged", version), ("gate", version), (outcome, version)])
+
+    release(0)  # the stable version the client starts on
+    with SteadyClient([s.http_url for s in stack.replicas], name, X, ["y"], rate_hz=50) as client:
+        for i in range(1, RELEASES + 1):
+            release(i)
+            if i % 10 == 0:  # retention under load: Triton downloads every version folder on each load
+                assert repo.gc(model=name, keep=KEEP)
+
+    assert client.failures == [], client.failures[:5]
+    assert client.total > RELEASES * 10
+    # Every answer came from a promoted version: no candidate, rejected or not, was ever served.
+    promoted = [v for event, v in expected_history if event == "promoted"]
+    assert set(client.versions) <= set(promoted)
+    served = [TritonAdmin(s.http_url).served_version(name, X, ["y"]) for s in stack.replicas]
+    assert served == [last_promoted] * 2
+    assert repo.desired_config(name)[0].version_policy.specific.versions == [last_promoted]
+
+    # The history: complete and in order, one event per step of every release.
+    assert [(e["event"], e["version"]) for e in repo.history(name)] == expected_history
+
+    # No leaked processes: the gate's candidates were unloaded (their backend stubs exited), each replica
+    # runs one stub for the served model, no perf_analyzer is left.
+    after = _stubs(stack)
+    assert after == {n: c + (1 if n.startswith("prod-") else 0) for n, c in stubs_before.items()}
+    assert not [p for p in _processes_under(os.getpid()) if p[1] == "perf_analyzer"]
+
+    # No orphans: nothing incomplete for gc to remove, no lease left; retention kept the newest versions
+    # and the served one, and nothing else.
+    assert repo.gc(grace_seconds=0, model=name) == []
+    assert repo.incomplete_versions(name) == []
+    repo.gc(grace_seconds=0, model=name, keep=KEEP)
+    newest = list(range(RELEASES + 2 - KEEP, RELEASES + 2))
+    assert repo.versions(name, staged=True) == newest
+    assert repo.versions(name, staged=False) == promoted[-KEEP:]  # the newest promoted, the served one among them
+    assert all(repo.verify(name, v, staged=False) == [] for v in repo.versions(name, staged=False))
+    leases = stack.s3.client().list_objects_v2(Bucket=stack.bucket, Prefix="leases/").get("Contents", [])
+    assert f"leases/{name}.json" not in [o["Key"] for o in leases]

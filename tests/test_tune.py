@@ -1,0 +1,164 @@
+"""The tune step: the coordinate search on known response surfaces, then for real on the embedded stack
+(config overrides on the gate, perf_analyzer, the chosen settings promoted into production)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from components import perf
+from components.model_config import ServingSettings
+from components.promote import promote
+from components.repository import ModelRepository
+from components.triton_admin import TritonAdmin
+from components.tune import Trial, TuneResult, TuneSettings, grid, knobs, search, tune
+from tests.models import mlp_folder
+from tests.release_helpers import TEST_GATE, replicas, repository, unique
+
+DEFAULT = ServingSettings(max_batch_size=32, dynamic_batching=True, max_queue_delay_us=0, instance_count=1)
+SPACE = TuneSettings(instance_counts=(1, 2, 3), queue_delays_us=(0, 500, 2000, 8000), budget=40)
+
+
+def surface(throughput, p99=lambda s: 1.0):
+    """A measure() over a known surface; records what was measured."""
+    measured = []
+
+    def measure(settings: ServingSettings) -> Trial:
+        measured.append(settings)
+        return Trial(settings, throughput(settings), p99(settings))
+
+    return measure, measured
+
+
+def test_the_grid_holds_every_combination_once():
+    points = grid(DEFAULT, SPACE)
+    # instances 3 x max batch {1, 4, 16, 32} x delays 4 x preferred {none, max}
+    assert len(points) == 3 * 4 * 4 * 2 == len(set(points))
+    assert DEFAULT in points
+    assert all(p.preferred_batch_sizes in ((), (p.max_batch_size,)) for p in points)
+    unbatched = dataclasses.replace(DEFAULT, max_batch_size=None, dynamic_batching=False)
+    assert [name for name, _ in knobs(unbatched, SPACE)] == ["instance_count"]
+
+
+def test_search_finds_the_best_of_a_separable_surface_measuring_a_fraction_of_the_grid():
+    def throughput(s: ServingSettings) -> float:
+        return (
+            1000 * (1 + 0.3 * (s.instance_count == 2)) * (1 + s.max_batch_size / 64) * (1 + s.max_queue_delay_us / 4000)
+        )
+
+    measure, measured = surface(throughput)
+    result = search(measure, DEFAULT, SPACE, len(grid(DEFAULT, SPACE)))
+    best = max(grid(DEFAULT, SPACE), key=throughput)
+    assert throughput(result.chosen) == throughput(best)
+    assert len(measured) == len(set(measured)) < len(grid(DEFAULT, SPACE)) / 3
+    assert result.gain_pct == pytest.approx((throughput(result.chosen) / throughput(DEFAULT) - 1) * 100)
+
+
+def test_search_keeps_p99_within_the_limit_the_default_sets():
+    # Longer queue delays raise throughput but also p99; the limit is the default's p99 + 10%.
+    measure, _ = surface(lambda s: 1000 + s.max_queue_delay_us, lambda s: 1.0 + s.max_queue_delay_us / 1000)
+    result = search(measure, DEFAULT, dataclasses.replace(SPACE, p99_slack_pct=10), 96)
+    assert result.p99_limit_ms == pytest.approx(1.1)
+    assert result.chosen.max_queue_delay_us == 0  # 500 us would make p99 1.5 ms
+
+
+def test_search_ignores_gains_under_the_threshold_and_respects_the_budget():
+    measure, measured = surface(lambda s: 1000 * (1 + 0.01 * s.instance_count))  # +1% per instance: noise
+    assert search(measure, DEFAULT, SPACE, 96).chosen == DEFAULT
+    measure, measured = surface(lambda s: float(s.instance_count + s.max_batch_size + s.max_queue_delay_us))
+    result = search(measure, DEFAULT, dataclasses.replace(SPACE, budget=5), 96)
+    assert len(measured) == 5 and len(result.trials) == 5
+
+
+def test_a_default_that_cannot_be_measured_is_kept():
+    def measure(settings: ServingSettings) -> Trial:
+        return Trial(settings, problem="perf_analyzer: no valid requests")
+
+    result = search(measure, DEFAULT, SPACE, 96)
+    assert result.chosen == DEFAULT and len(result.trials) == 1
+
+
+def test_tune_result_round_trips_through_json():
+    measure, _ = surface(lambda s: 1000.0 * s.instance_count)
+    result = search(measure, DEFAULT, SPACE, 96)
+    again = TuneResult.from_json(result.to_json())
+    assert again.chosen == result.chosen and again.trials == result.trials and again.gain_pct == result.gain_pct
+
+
+def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stack):
+    """For real: every setting is loaded on the gate as a config override and measured with perf_analyzer;
+    S3 is not written until promotion, which puts the chosen settings into production's config.pbtxt."""
+    name = unique("tune")
+    (tmp_path / "v1").mkdir()
+    folder = mlp_folder(tmp_path / "v1", name)
+    settings = TuneSettings(
+        load=perf.LoadSettings(concurrency=4, window_ms=500, stability_pct=50),
+        instance_counts=(1, 2), queue_delays_us=(0, 2000), budget=6, min_gain_pct=0,
+    )  # fmt: skip
+    from components.publish import publish
+    from components.stage import stage
+
+    version = publish(folder, repository(stack), s3=stack.s3).version
+    stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
+    repo = ModelRepository(repository(stack), stack.s3)
+    off = tune(repository(stack), name, version, stack.gate.http_url, settings, s3=stack.s3, enabled=False)
+    assert (off.trials, off.chosen, off.enabled) == ([], off.default, False)  # turned off: the default, unmeasured
+    objects_before = sorted(o["Key"] for o in stack.s3.client().list_objects_v2(Bucket=stack.bucket)["Contents"])
+
+    result = tune(repository(stack), name, version, stack.gate.http_url, settings, s3=stack.s3)
+    assert 2 <= len(result.trials) <= 6 and all(t.measured for t in result.trials), result.trials
+    assert all(t.throughput > 0 and t.p99_ms > 0 for t in result.trials)
+    assert result.grid_size == len(grid(result.default, settings))
+    # the candidate is left loaded with the chosen settings, as Triton reports them
+    served = TritonAdmin(stack.gate.http_url).model_config(f"{name}__candidate")
+    assert served["max_batch_size"] == result.chosen.max_batch_size
+    assert served["instance_group"][0]["count"] == result.chosen.instance_count
+    # the only S3 write was the history event
+    objects_after = sorted(o["Key"] for o in stack.s3.client().list_objects_v2(Bucket=stack.bucket)["Contents"])
+    written = [k for k in objects_after if k not in objects_before]
+    assert len(written) == 1 and written[0].startswith(f"history/{name}/") and written[0].endswith("-tuned.json")
+    tuned_event = repo.history(name)[-1]
+    assert tuned_event["event"] == "tuned" and len(tuned_event["trials"]) == len(result.trials)
+
+    # promotion writes the chosen settings (here forced to something recognisable) into production
+    chosen = dataclasses.replace(result.chosen, instance_count=2, max_queue_delay_us=1234)
+    promote(repository(stack), name, version, replicas(stack), "pass", stack.gate.http_url,
+            settings=chosen, s3=stack.s3)  # fmt: skip
+    desired = repo.desired_config(name)[0]
+    assert desired.dynamic_batching.max_queue_delay_microseconds == 1234 and desired.instance_group[0].count == 2
+    for server in stack.replicas:
+        config = TritonAdmin(server.http_url).model_config(name)
+        assert config["instance_group"][0]["count"] == 2
+        assert int(config["dynamic_batching"]["max_queue_delay_microseconds"]) == 1234
+        assert TritonAdmin(server.http_url).served_version(name, {"x": np.ones((1, 16), np.float32)}, ["y"]) == 1
+
+
+def test_the_gate_report_and_history_carry_the_tuning_table(tmp_path, stack):
+    name = unique("tunegate")
+    (tmp_path / "v1").mkdir()
+    from components.gate import gate
+    from components.publish import publish
+    from components.stage import stage
+
+    version = publish(mlp_folder(tmp_path / "v1", name), repository(stack), s3=stack.s3).version
+    staged = stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
+    small = TuneSettings(load=perf.LoadSettings(concurrency=2, window_ms=500, stability_pct=50),
+                         instance_counts=(1,), queue_delays_us=(0, 1000), budget=3)  # fmt: skip
+    tuned = tune(repository(stack), name, version, stack.gate.http_url, small, s3=stack.s3)
+    first = dataclasses.replace(
+        TEST_GATE, thresholds=dataclasses.replace(TEST_GATE.thresholds, max_p99_ms=1000), rounds=1
+    )
+    gate(repository(stack), name, version, stack.gate.http_url, first, staged, tmp_path / "g", s3=stack.s3,
+                  tuning=tuned)  # fmt: skip
+    report = (tmp_path / "g" / "report.md").read_text()
+    assert f"{len(tuned.trials)} of {tuned.grid_size} measured" in report
+    assert report.count("| 1 | ") >= len(tuned.trials) and "chosen" in report
+    assert "Serving settings measured" in (tmp_path / "g" / "report.html").read_text()
+    chosen = json.loads(json.dumps(dataclasses.asdict(tuned.chosen)))  # as JSON has it
+    assert json.loads((tmp_path / "g" / "verdict.json").read_text())["tuning"]["chosen"] == chosen
+    gate_event = ModelRepository(repository(stack), stack.s3).history(name)[-1]
+    assert gate_event["event"] == "gate" and gate_event["serving"] == chosen
+    TritonAdmin(stack.gate.http_url).unload(f"{name}__candidate")
