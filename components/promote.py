@@ -10,6 +10,11 @@ Promote (only on a `pass` verdict):
 4. if any replica fails: write the previous desired state back, reload every replica to it, fail;
 5. unload the candidate from the gate server.
 
+An ensemble release (components/ensemble.py) does the same for its members and the ensemble together:
+members' version N is loaded beside the old one, the ensemble is reloaded pinned to N in one step,
+then the old members are unloaded; the members' desired configs keep both versions until every
+replica runs the new ensemble, so a pod restarting meanwhile always finds the members its config runs.
+
 Triton swaps a model's versions without failing requests when it is reloaded with a config override
 (DESIGN.md section 5): the old version serves until the new one is ready.
 

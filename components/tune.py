@@ -128,33 +128,40 @@ Knob = tuple[str, Callable[[ServingSettings], list[ServingSettings]]]
 
 
 def knobs(default: ServingSettings, settings: TuneSettings) -> list[Knob]:
-    """Each knob: its name and the settings that differ from a given one in that knob only (itself included)."""
+    """Each knob: its name and the settings that differ from a given one in that knob only (itself included).
+
+    The queue delay and the preferred batch size are one knob: a delay only pays when the scheduler may
+    cut a batch early at the size the load fills (requests in flight), and neither helps alone, so a
+    search that moves them separately never finds the pair (benchmarks/README.md, tuning, design 1)."""
     largest = default.max_batch_size or 0
     batch_sizes = sorted({b for b in (1, 4, 16, 64, 256) if b < largest} | {largest})
+    load = settings.load
+    in_flight = load.concurrency * load.batch_size if load.request_rate is None else None
 
-    def follow(s: ServingSettings) -> ServingSettings:  # preferred batch sizes follow max_batch_size
-        return dataclasses.replace(s, preferred_batch_sizes=(s.max_batch_size,)) if s.preferred_batch_sizes else s
+    def preferred_for(max_batch_size: int) -> tuple[int, ...]:
+        return (min(in_flight, max_batch_size),) if in_flight else (max_batch_size,)
 
     def instances(c: ServingSettings) -> list[ServingSettings]:
         return [dataclasses.replace(c, instance_count=n) for n in settings.instance_counts]
 
     def max_batch(c: ServingSettings) -> list[ServingSettings]:
-        return [follow(dataclasses.replace(c, max_batch_size=b)) for b in batch_sizes]
+        return [
+            dataclasses.replace(
+                c, max_batch_size=b, preferred_batch_sizes=preferred_for(b) if c.preferred_batch_sizes else ()
+            )
+            for b in batch_sizes
+        ]
 
-    def queue_delay(c: ServingSettings) -> list[ServingSettings]:
-        return [dataclasses.replace(c, dynamic_batching=True, max_queue_delay_us=d) for d in settings.queue_delays_us]
-
-    def preferred(c: ServingSettings) -> list[ServingSettings]:
-        return [dataclasses.replace(c, preferred_batch_sizes=p) for p in ((), (c.max_batch_size,))]
+    def batching(c: ServingSettings) -> list[ServingSettings]:
+        return [
+            dataclasses.replace(c, dynamic_batching=True, max_queue_delay_us=d, preferred_batch_sizes=p)
+            for d in settings.queue_delays_us
+            for p in ((), preferred_for(c.max_batch_size or 1))
+        ]
 
     if not largest:  # a model without a batch dimension: only instances can change
         return [("instance_count", instances)]
-    return [
-        ("instance_count", instances),
-        ("max_batch_size", max_batch),
-        ("max_queue_delay_us", queue_delay),
-        ("preferred_batch_sizes", preferred),
-    ]
+    return [("instance_count", instances), ("max_batch_size", max_batch), ("batching", batching)]
 
 
 def grid(default: ServingSettings, settings: TuneSettings) -> list[ServingSettings]:
@@ -266,7 +273,8 @@ def tune(
     run_id: str = "",
     enabled: bool = True,
 ) -> TuneResult:
-    """The tune step: search, leave the candidate loaded with the chosen settings, record the table."""
+    """The tune step: search, leave the candidate loaded with the chosen settings, record the table.
+    Turned off (or for an ensemble, whose members keep their own configs) it returns the default settings."""
     settings = settings or TuneSettings()
     repo = ModelRepository(repository, s3)
     candidate = read_candidate(repo, model, version)
@@ -290,8 +298,9 @@ def tune(
         finally:
             bench.close()
     result.seconds = time.monotonic() - started
-    details = {k: v for k, v in json.loads(result.to_json()).items() if k not in ("model", "version")}
-    repo.record(model, "tuned", version, run_id, **details)
+    if result.enabled:  # turned off, there is nothing to record
+        details = {k: v for k, v in json.loads(result.to_json()).items() if k not in ("model", "version")}
+        repo.record(model, "tuned", version, run_id, **details)
     log.event(LOG, "tuned", model=model, version=version, chosen=asdict(result.chosen), gain_pct=result.gain_pct,
               tried=len(result.trials), grid=size)  # fmt: skip
     return result

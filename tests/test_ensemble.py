@@ -3,13 +3,15 @@ gated through the ensemble and promoted as one; a broken id map caught by the ac
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from components.ensemble import EnsembleError, read_bundle
+from components.ensemble import EnsembleError, ensemble_config, read_bundle
+from components.gate import gate
 from components.model_folder import load_golden
 from components.promote import promote, reject
 from components.publish import publish
@@ -73,8 +75,6 @@ class EnsembleClient:
 
 
 def _release(stack, bundle: Path, settings, run_id: str):
-    from components.gate import gate
-
     version = publish(bundle, repository(stack), run_id, s3=stack.s3).version
     staged = stage(repository(stack), NAME, version, stack.gate.http_url, s3=stack.s3, run_id=run_id)
     verdict = gate(repository(stack), NAME, version, stack.gate.http_url, settings, staged, s3=stack.s3, run_id=run_id)
@@ -84,12 +84,18 @@ def _release(stack, bundle: Path, settings, run_id: str):
 def test_bundle_is_checked_before_anything_is_written(tmp_path, bundles):
     bundle = read_bundle(bundles["v1"])
     assert bundle.name == NAME and [m.config.name for m in bundle.members] == MEMBERS
-    import shutil
 
     shutil.copytree(bundles["v1"], tmp_path / "b")
     shutil.rmtree(tmp_path / "b" / "recsys_post")
     with pytest.raises(EnsembleError, match="missing: recsys_post"):
         read_bundle(tmp_path / "b")
+    # steps whose tensors do not chain: the model reads item_ids, which pre no longer produces
+    pre, model_, post = bundle.members
+    renamed = type(pre.config)()
+    renamed.CopyFrom(pre.config)
+    renamed.output[0].name = "indices"
+    with pytest.raises(EnsembleError, match="step 'recsys_model' reads 'item_ids'"):
+        ensemble_config(NAME, bundle.ensemble.signature, [renamed, model_.config, post.config])
 
 
 @pytest.fixture(scope="module")

@@ -105,9 +105,14 @@ def test_pipeline_runs_locally_for_a_passing_and_a_failing_candidate(tmp_path, s
 
     history = ModelRepository(f"s3://{stack.bucket}", stack.s3).history(name)
     assert [(e["event"], e["version"]) for e in history] == [
-        ("published", 1), ("staged", 1), ("gate", 1), ("promoted", 1),
-        ("published", 2), ("staged", 2), ("gate", 2), ("rejected", 2),
+        ("published", 1), ("staged", 1), ("tuned", 1), ("gate", 1), ("promoted", 1),
+        ("published", 2), ("staged", 2), ("tuned", 2), ("gate", 2), ("rejected", 2),
     ]  # fmt: skip
+    tuned = next(e for e in history if e["event"] == "tuned")
+    assert 1 <= len(tuned["trials"]) <= 4  # the demo's budget
+    assert "Serving settings" in Path(first.artifact("tune-op", "report")["uri"]).read_text()
+    desired = ModelRepository(f"s3://{stack.bucket}", stack.s3).desired_config(name)[0]
+    assert desired.instance_group[0].count == tuned["chosen"]["instance_count"]  # promoted with what was chosen
     assert {e["run_id"] for e in history if e["version"] == 1} != {e["run_id"] for e in history if e["version"] == 2}
     _assert_no_secret_in_outputs(stack, tmp_path, [first.log, slow.log], name)
     features = {"features": __import__("numpy").zeros((1, 32), "float32")}

@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 
 from components import perf
+from components.gate import gate
 from components.model_config import ServingSettings
 from components.promote import promote
+from components.publish import publish
 from components.repository import ModelRepository
+from components.stage import stage
 from components.triton_admin import TritonAdmin
 from components.tune import Trial, TuneResult, TuneSettings, grid, knobs, search, tune
 from tests.models import mlp_folder
@@ -35,10 +38,11 @@ def surface(throughput, p99=lambda s: 1.0):
 
 def test_the_grid_holds_every_combination_once():
     points = grid(DEFAULT, SPACE)
-    # instances 3 x max batch {1, 4, 16, 32} x delays 4 x preferred {none, max}
+    # instances 3 x max batch {1, 4, 16, 32} x delays 4 x preferred {none, what the load fills}
     assert len(points) == 3 * 4 * 4 * 2 == len(set(points))
     assert DEFAULT in points
-    assert all(p.preferred_batch_sizes in ((), (p.max_batch_size,)) for p in points)
+    in_flight = SPACE.load.concurrency  # 4 requests of batch 1
+    assert all(p.preferred_batch_sizes in ((), (min(in_flight, p.max_batch_size),)) for p in points)
     unbatched = dataclasses.replace(DEFAULT, max_batch_size=None, dynamic_batching=False)
     assert [name for name, _ in knobs(unbatched, SPACE)] == ["instance_count"]
 
@@ -55,6 +59,21 @@ def test_search_finds_the_best_of_a_separable_surface_measuring_a_fraction_of_th
     assert throughput(result.chosen) == throughput(best)
     assert len(measured) == len(set(measured)) < len(grid(DEFAULT, SPACE)) / 3
     assert result.gain_pct == pytest.approx((throughput(result.chosen) / throughput(DEFAULT) - 1) * 100)
+
+
+def test_search_finds_a_queue_delay_that_only_pays_with_a_preferred_batch_size():
+    """The recommender on the embedded gate behaved like this (benchmarks/README.md): a queue delay alone
+    costs throughput, a preferred batch size alone changes nothing, together they win."""
+
+    def throughput(s: ServingSettings) -> float:
+        if s.max_queue_delay_us and s.preferred_batch_sizes:
+            return 2400.0
+        return 1900.0 - s.max_queue_delay_us / 10
+
+    measure, measured = surface(throughput)
+    result = search(measure, DEFAULT, SPACE, len(grid(DEFAULT, SPACE)))
+    assert throughput(result.chosen) == 2400 and result.chosen.preferred_batch_sizes == (4,)
+    assert len(measured) < len(grid(DEFAULT, SPACE)) / 4
 
 
 def test_search_keeps_p99_within_the_limit_the_default_sets():
@@ -98,9 +117,6 @@ def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stac
         load=perf.LoadSettings(concurrency=4, window_ms=500, stability_pct=50),
         instance_counts=(1, 2), queue_delays_us=(0, 2000), budget=6, min_gain_pct=0,
     )  # fmt: skip
-    from components.publish import publish
-    from components.stage import stage
-
     version = publish(folder, repository(stack), s3=stack.s3).version
     stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
     repo = ModelRepository(repository(stack), stack.s3)
@@ -139,10 +155,6 @@ def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stac
 def test_the_gate_report_and_history_carry_the_tuning_table(tmp_path, stack):
     name = unique("tunegate")
     (tmp_path / "v1").mkdir()
-    from components.gate import gate
-    from components.publish import publish
-    from components.stage import stage
-
     version = publish(mlp_folder(tmp_path / "v1", name), repository(stack), s3=stack.s3).version
     staged = stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
     small = TuneSettings(load=perf.LoadSettings(concurrency=2, window_ms=500, stability_pct=50),
