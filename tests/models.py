@@ -11,6 +11,8 @@ from torch import nn
 
 from components import model_folder
 from components.signature import Signature
+from pipelines.samples import recsys
+from pipelines.samples.recsys import Recommender
 
 
 class MLP(nn.Module):
@@ -35,25 +37,6 @@ class SmallCNN(nn.Module):
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         return self.head(torch.flatten(self.features(image), 1))
-
-
-class Recommender(nn.Module):
-    """The case that started the project: item-id history + the masked position -> top-10 items and scores."""
-
-    def __init__(self, items: int = 1000, dim: int = 32, k: int = 10, seed: int = 0) -> None:
-        super().__init__()
-        torch.manual_seed(seed)
-        self.k = k
-        self.item_embedding = nn.Embedding(items, dim)
-        self.position_embedding = nn.Embedding(41, dim)
-        self.mix = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, dim))
-        self.out = nn.Linear(dim, items)
-
-    def forward(self, item_ids: torch.Tensor, mask_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        history = self.item_embedding(item_ids).mean(dim=1)
-        query = self.mix(history + self.position_embedding(mask_pos[:, 0]))
-        scores, indices = torch.topk(torch.softmax(self.out(query), dim=-1), self.k, dim=-1)
-        return indices, scores
 
 
 class TwoHeads(nn.Module):
@@ -91,18 +74,7 @@ CNN_SIGNATURE = {
     "inputs": [{"name": "image", "dtype": "fp32", "shape": [-1, 3, 16, 16]}],
     "outputs": [{"name": "logits", "dtype": "fp32", "shape": [-1, 10]}],
 }
-RECOMMENDER_SIGNATURE = {
-    "batch": True,
-    "max_batch_size": 32,
-    "inputs": [
-        {"name": "item_ids", "dtype": "int64", "shape": [-1, 40], "range": [0, 1000]},
-        {"name": "mask_pos", "dtype": "int64", "shape": [-1, 1], "range": [0, 40]},
-    ],
-    "outputs": [
-        {"name": "topk_indices", "dtype": "int64", "shape": [-1, 10]},
-        {"name": "topk_scores", "dtype": "fp32", "shape": [-1, 10]},
-    ],
-}
+RECOMMENDER_SIGNATURE = recsys.MODEL_SIGNATURE
 TWO_HEADS_SIGNATURE = {
     "batch": True,
     "max_batch_size": 8,

@@ -67,15 +67,25 @@ def release(stack: EmbeddedStack, folder: Path, settings: GateSettings = TEST_GA
 
 
 class SteadyClient:
-    """Sends unversioned requests at a steady rate to every replica, recording which version answered."""
+    """Sends unversioned requests at a steady rate to every replica, recording which version answered.
+    With `expected` (version -> outputs), every answer must be exactly its version's; others are
+    recorded in `mismatches` (an ensemble mixing old and new members would answer neither)."""
 
     def __init__(
-        self, urls: list[str], model: str, inputs: dict[str, np.ndarray], outputs: list[str], rate_hz: float = 100
+        self,
+        urls: list[str],
+        model: str,
+        inputs: dict[str, np.ndarray],
+        outputs: list[str],
+        rate_hz: float = 100,
+        expected: dict[int, dict[str, np.ndarray]] | None = None,
     ):
         self.urls, self.model, self.inputs, self.outputs = urls, model, inputs, outputs
         self.period = 1 / rate_hz
+        self.expected = expected
         self.versions: Counter[int] = Counter()
         self.failures: list[str] = []
+        self.mismatches: list[tuple[str, int]] = []
         self.timeline: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(u,), daemon=True) for u in urls]
@@ -85,8 +95,10 @@ class SteadyClient:
         while not self._stop.is_set():
             started = time.monotonic()
             try:
-                version = admin.served_version(self.model, self.inputs, self.outputs)
+                version, answer = admin.served(self.model, self.inputs, self.outputs)
                 self.versions[version] += 1
+                if self.expected is not None and not _same(answer, self.expected.get(version)):
+                    self.mismatches.append((url, version))
                 self.timeline.append((time.monotonic(), version))
             except Exception as exc:  # every failure is counted and reported
                 self.failures.append(f"{url}: {exc}")
@@ -109,3 +121,7 @@ class SteadyClient:
     @property
     def total(self) -> int:
         return sum(self.versions.values())
+
+
+def _same(answer: dict[str, np.ndarray], expected: dict[str, np.ndarray] | None) -> bool:
+    return expected is not None and all(np.array_equal(answer[k], v) for k, v in expected.items())

@@ -4,7 +4,6 @@ gated through the ensemble and promoted as one; a broken id map caught by the ac
 from __future__ import annotations
 
 import shutil
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from components.repository import ModelRepository, candidate_name
 from components.stage import stage
 from components.triton_admin import TritonAdmin
 from pipelines.samples import recsys
-from tests.release_helpers import FIRST_RELEASE_GATE, TEST_GATE, replicas, repository
+from tests.release_helpers import FIRST_RELEASE_GATE, TEST_GATE, SteadyClient, replicas, repository
 
 NAME = "recsys"
 MEMBERS = ["recsys_pre", "recsys_model", "recsys_post"]
@@ -38,40 +37,6 @@ def bundles(tmp_path_factory) -> dict[str, Path]:
 def _golden(bundle: Path) -> tuple[np.ndarray, np.ndarray]:
     inputs, outputs = load_golden(bundle / NAME / "1" / "golden.npz")
     return inputs["history"][:1], outputs["recommended"][:1]
-
-
-class EnsembleClient:
-    """Calls the ensemble (unversioned) on every replica; records each answer's version and whether it is
-    exactly that version's reference answer (a mix of old and new members would match neither)."""
-
-    def __init__(self, urls: list[str], history: np.ndarray, expected: dict[int, np.ndarray]) -> None:
-        self.history, self.expected = history, expected
-        self.answers: list[tuple[int, bool]] = []
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(u,), daemon=True) for u in urls]
-
-    def _run(self, url: str) -> None:
-        admin = TritonAdmin(url, timeout=10, retries=1)
-        while not self._stop.is_set():
-            try:
-                version, outputs = admin.served(NAME, {"history": self.history}, ["recommended"])
-                got = outputs["recommended"]
-                self.answers.append((version, version in self.expected and np.array_equal(got, self.expected[version])))
-            except Exception as exc:  # every failure is counted
-                self.failures.append(f"{url}: {exc}")
-            self._stop.wait(0.01)
-        admin.close()
-
-    def __enter__(self) -> EnsembleClient:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=30)
 
 
 def _release(stack, bundle: Path, settings, run_id: str):
@@ -115,14 +80,15 @@ def test_ensemble_release_is_promoted_as_one_with_zero_failed_requests(stack, bu
     _, answer_v2 = _golden(bundles["v2"])
     assert not np.array_equal(answer_v1, answer_v2)  # the two releases recommend differently
     urls = [s.http_url for s in stack.replicas]
-    with EnsembleClient(urls, history, {v1: answer_v1, v1 + 1: answer_v2}) as client:
+    expected = {v1: {"recommended": answer_v1}, v1 + 1: {"recommended": answer_v2}}
+    with SteadyClient(urls, NAME, {"history": history}, ["recommended"], expected=expected) as client:
         v2, staged, verdict = _release(stack, bundles["v2"], TEST_GATE, "ens-2")
         assert v2 == v1 + 1 and staged.accuracy_passed and verdict.verdict == "pass", verdict.reasons
         assert verdict.stable_version == v1 and verdict.stable.throughput  # measured through the stable ensemble
         promote(repository(stack), NAME, v2, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id="ens-2")
     assert client.failures == [], client.failures[:3]
-    assert {v for v, _ in client.answers} == {v1, v2}
-    assert all(exact for _, exact in client.answers)  # every answer is one release's, never a mix
+    assert set(client.versions) == {v1, v2}
+    assert client.mismatches == []  # every answer is exactly one release's, never a mix
 
     # production: the ensemble pinned to the new members, which alone are loaded and desired
     desired = repo.desired_config(NAME)[0]
