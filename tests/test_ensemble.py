@@ -133,3 +133,29 @@ def test_broken_postprocessing_fails_the_accuracy_check_and_production_keeps_its
     events = [e for e in repo.history(NAME) if e["run_id"] == "ens-broken"]
     assert [e["event"] for e in events] == ["published", "staged", "gate", "rejected"]
     assert events[0]["members"] == dict.fromkeys(MEMBERS, version)
+
+
+def test_cli_assembles_the_same_bundle_from_its_parts(tmp_path, bundles):
+    """`tritonship ensemble` from a compiled folder, two step folders and their signatures: the same
+    reference outputs as the sample's own assembly."""
+    import subprocess
+    import sys
+
+    v1 = bundles["v1"]
+    golden_inputs, golden_outputs = load_golden(v1 / NAME / "1" / "golden.npz")
+    np.savez(tmp_path / "inputs.npz", **golden_inputs)
+    for step in ("pre", "post"):
+        shutil.copytree(v1 / f"{NAME}_{step}" / "1", tmp_path / step)
+    run = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "ensemble", str(v1 / f"{NAME}_model"), "--name", NAME,
+         "--signature", str(v1 / NAME / "1" / "signature.yaml"), "--model", "pipelines.samples.recsys:recommender_v1",
+         "--pre", str(tmp_path / "pre"), "--pre-signature", str(tmp_path / "pre" / "signature.yaml"),
+         "--post", str(tmp_path / "post"), "--post-signature", str(tmp_path / "post" / "signature.yaml"),
+         "--inputs", str(tmp_path / "inputs.npz"), "--out", str(tmp_path / "bundle")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert [m.config.name for m in read_bundle(tmp_path / "bundle").members] == MEMBERS
+    _, outputs = load_golden(tmp_path / "bundle" / NAME / "1" / "golden.npz")
+    for name, expected in golden_outputs.items():
+        np.testing.assert_array_equal(outputs[name], expected)
