@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.gate import gate
+from components.gate import Thresholds, gate
 from components.promote import PromotionError, promote, reject
 from components.publish import publish
 from components.reconcile import reconcile
@@ -35,7 +35,10 @@ from tests.release_helpers import FIRST_RELEASE_GATE, SteadyClient, release, rep
 X = {"x": np.ones((1, 16), np.float32)}
 # These tests are about what a fault leaves behind, not about the gate's statistics: one round against an
 # absolute limit (the stable is not measured) keeps each gate to a few seconds.
-FAULT_GATE = FIRST_RELEASE_GATE
+FAULT_GATE = dataclasses.replace(
+    FIRST_RELEASE_GATE,
+    thresholds=Thresholds(max_p99_ms=1000, max_p99_regression_pct=None, max_throughput_regression_pct=None),
+)
 
 
 @pytest.fixture(scope="module")
