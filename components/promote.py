@@ -102,7 +102,7 @@ def _switch(admin: TritonAdmin, release: Release) -> float:
     served = admin.served_version(candidate.model, first, candidate.output_names)
     if served != version:
         raise PromotionError(f"{admin.url} answered an unversioned request with v{served}, expected v{version}.")
-    accuracy = served_accuracy(admin, candidate.model, candidate, version)
+    accuracy = served_accuracy(admin, candidate.model, candidate, version, release.config.max_batch_size)
     if not all(r.passed for r in accuracy):
         raise PromotionError(f"{admin.url} serves v{version} with wrong answers:\n{parity_table(accuracy)}")
     return load_seconds

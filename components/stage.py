@@ -106,12 +106,16 @@ def read_candidate(repo: ModelRepository, model: str, version: int) -> Candidate
 
 
 def served_accuracy(
-    admin: TritonAdmin, name: str, candidate: CandidateVersion, version: int | str = ""
+    admin: TritonAdmin,
+    name: str,
+    candidate: CandidateVersion,
+    version: int | str = "",
+    max_batch_size: int | None = None,
 ) -> list[OutputParity]:
-    """Send the golden inputs to `name` on a server and compare its answers with the golden outputs."""
-    answer = admin.infer_in_batches(
-        name, candidate.golden_inputs, candidate.output_names, candidate.config.max_batch_size, version
-    )
+    """Send the golden inputs to `name` on a server and compare its answers with the golden outputs, in
+    requests no larger than the served config's max_batch_size (tuning may have lowered it)."""
+    batch = candidate.config.max_batch_size if max_batch_size is None else max_batch_size
+    answer = admin.infer_in_batches(name, candidate.golden_inputs, candidate.output_names, batch, version)
     return [
         compare(n, answer[n], candidate.golden_outputs[n], candidate.tolerance, "served")
         for n in candidate.output_names

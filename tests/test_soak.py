@@ -4,6 +4,7 @@ unversioned requests to both production replicas the whole time."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -118,8 +119,11 @@ def test_thirty_releases_with_clients_running(tmp_path, stack):
 
     # No leaked processes: the gate's candidates were unloaded (their backend stubs exited), each replica
     # runs one stub for the served model, no perf_analyzer is left.
-    after = _stubs(stack)
-    assert after == {n: c + (1 if n.startswith("prod-") else 0) for n, c in stubs_before.items()}
+    expected_stubs = {n: c + (1 if n.startswith("prod-") else 0) for n, c in stubs_before.items()}
+    deadline = time.monotonic() + 30  # an unload returns before its stub process has exited
+    while _stubs(stack) != expected_stubs and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _stubs(stack) == expected_stubs
     assert not [p for p in _processes_under(os.getpid()) if p[1] == "perf_analyzer"]
 
     # No orphans: nothing incomplete for gc to remove, no lease left; retention kept the newest versions

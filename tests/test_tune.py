@@ -140,14 +140,17 @@ def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stac
     assert tuned_event["event"] == "tuned" and len(tuned_event["trials"]) == len(result.trials)
 
     # promotion writes the chosen settings (here forced to something recognisable) into production
-    chosen = dataclasses.replace(result.chosen, instance_count=2, max_queue_delay_us=1234)
+    # (a smaller max_batch_size than the golden samples' rows: the smoke check must send smaller requests)
+    chosen = dataclasses.replace(
+        result.chosen, instance_count=2, max_queue_delay_us=1234, max_batch_size=2, preferred_batch_sizes=()
+    )
     promote(repository(stack), name, version, replicas(stack), "pass", stack.gate.http_url,
             settings=chosen, s3=stack.s3)  # fmt: skip
     desired = repo.desired_config(name)[0]
     assert desired.dynamic_batching.max_queue_delay_microseconds == 1234 and desired.instance_group[0].count == 2
     for server in stack.replicas:
         config = TritonAdmin(server.http_url).model_config(name)
-        assert config["instance_group"][0]["count"] == 2
+        assert config["instance_group"][0]["count"] == 2 and config["max_batch_size"] == 2
         assert int(config["dynamic_batching"]["max_queue_delay_microseconds"]) == 1234
         assert TritonAdmin(server.http_url).served_version(name, {"x": np.ones((1, 16), np.float32)}, ["y"]) == 1
 
