@@ -82,12 +82,13 @@ def build(
     return config
 
 
-def pin_version(config: ModelConfig, version: int) -> ModelConfig:
-    """A copy of `config` whose version_policy serves exactly `version` (the promoted one)."""
+def pin_version(config: ModelConfig, *versions: int) -> ModelConfig:
+    """A copy of `config` whose version_policy serves exactly `versions` (the promoted one; during an
+    ensemble switch, a member's old and new version)."""
     pinned = mc.ModelConfig()
     pinned.CopyFrom(config)
     pinned.version_policy.Clear()
-    pinned.version_policy.specific.versions.append(version)
+    pinned.version_policy.specific.versions.extend(versions)
     return pinned
 
 

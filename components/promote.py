@@ -58,14 +58,6 @@ class PromoteResult:
     load_seconds: list[float] = field(default_factory=list)  # per replica, Triton's own load time
 
 
-def _with_versions(config: model_config.ModelConfig, versions: list[int]) -> model_config.ModelConfig:
-    copy = model_config.ModelConfig()
-    copy.CopyFrom(config)
-    copy.version_policy.Clear()
-    copy.version_policy.specific.versions.extend(versions)
-    return copy
-
-
 @dataclass
 class Release:
     """What one promotion loads: the entry point's config and, for an ensemble, its members' configs
@@ -78,10 +70,12 @@ class Release:
 
     def members_beside_old(self) -> list[model_config.ModelConfig]:
         old = [self.old_members] if self.old_members is not None else []
-        return [_with_versions(c, [*old, self.candidate.version]) for c in self.members.values()]
+        return [model_config.pin_version(c, *old, self.candidate.version) for c in self.members.values()]
 
     def members_old_only(self) -> list[model_config.ModelConfig]:
-        return [_with_versions(c, [self.old_members]) for c in self.members.values()] if self.old_members else []
+        return (
+            [model_config.pin_version(c, self.old_members) for c in self.members.values()] if self.old_members else []
+        )
 
 
 def _switch(admin: TritonAdmin, release: Release) -> float:
