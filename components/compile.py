@@ -259,8 +259,8 @@ def compile_model(
         )
     if out_dir.exists() and any(out_dir.iterdir()):
         raise CompileError(f"{out_dir} already exists and is not empty; choose a new output folder.")
-    if flavour == "python" and (target == "tensorrt" or device != "cpu"):
-        raise CompileError("the python flavour (embedded Triton) serves CPU TorchScript only; use --flavour libtorch.")
+    if flavour == "python" and target == "tensorrt":
+        raise CompileError("the python flavour (embedded Triton) serves TorchScript only; use --flavour libtorch.")
     validate_model_name(name)
     exported = read_export(export_dir)
     tol = tolerance or Tolerance.for_precision(precision)

@@ -416,8 +416,11 @@ class EmbeddedStack:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
         # The Python backend stub embeds the system libpython3.11; packages reach it through PYTHONPATH
         # (which model.py honours). The stub's pybind11 code needs numpy 1.x, so the numpy that
-        # setup.sh put in .tools/stub-site comes before our environment's (torch).
-        env["PYTHONPATH"] = os.pathsep.join([str(tools_dir() / "stub-site"), sysconfig.get_paths()["purelib"]])
+        # setup.sh put in .tools/stub-site comes before our environment's (torch) and the caller's PYTHONPATH.
+        inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(tools_dir() / "stub-site"), *inherited, sysconfig.get_paths()["purelib"]]
+        )
         env.setdefault("OMP_NUM_THREADS", "1")
         return env
 

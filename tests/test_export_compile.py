@@ -45,7 +45,13 @@ def test_model_exports_compiles_and_triton_answers_like_eager(key, tmp_path, sta
     fingerprint = folder.fingerprint()
     assert fingerprint["torch"] == torch.__version__ and fingerprint["target"] == "torchscript"
 
-    upload_folder(s3, stack.bucket, tmp_path / name, f"models/{name}")
+    _assert_triton_answers_golden(stack, s3, folder, Tolerance(atol=1e-5, rtol=1e-4, int_mismatch=0.0))
+
+
+def _assert_triton_answers_golden(stack, s3, folder: model_folder.ModelFolder, tol: Tolerance) -> None:
+    """Serve `folder` on a replica of the embedded stack and compare its answers to the golden outputs."""
+    name = folder.config.name
+    upload_folder(s3, stack.bucket, folder.path, f"models/{name}")
     golden_in, golden_out = folder.golden()
     with TritonAdmin(stack.replicas[1].http_url) as admin:
         admin.load(name)
@@ -57,9 +63,10 @@ def test_model_exports_compiles_and_triton_answers_like_eager(key, tmp_path, sta
             admin.unload(name)
     for spec in folder.signature.outputs:
         if spec.dtype == "fp32":
-            np.testing.assert_allclose(answer[spec.name], golden_out[spec.name], rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(answer[spec.name], golden_out[spec.name], rtol=tol.rtol, atol=tol.atol)
         else:
-            np.testing.assert_array_equal(answer[spec.name], golden_out[spec.name])
+            assert answer[spec.name].shape == golden_out[spec.name].shape
+            assert np.mean(answer[spec.name] != golden_out[spec.name]) <= tol.int_mismatch
 
 
 def test_compiled_model_that_differs_from_eager_fails_parity_and_writes_nothing(tmp_path):
@@ -302,6 +309,18 @@ def test_cuda_torchscript_passes_parity(key, precision, tmp_path):
     result = compile_model(export_dir, tmp_path / "out", key, precision=precision, device="cuda")
     assert all(r.passed for r in result.parity)
     assert model_folder.read(tmp_path / "out").fingerprint()["gpu"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_python_flavour_serves_cuda_torchscript_on_a_gpu_instance(precision, tmp_path, stack, s3):
+    """The GPU sibling of test_model_exports_compiles_and_triton_answers_like_eager: the embedded
+    Triton runs the CUDA model.pt on the GPU its KIND_GPU instance is given."""
+    name = f"gpu_cnn_{precision}"
+    compile_model(_export(tmp_path, "cnn"), tmp_path / name, name, precision=precision, device="cuda", flavour="python")
+    folder = model_folder.read(tmp_path / name)
+    assert folder.config.instance_group[0].kind == model_config.mc.ModelInstanceGroup.KIND_GPU
+    _assert_triton_answers_golden(stack, s3, folder, Tolerance.for_precision(precision))
 
 
 def test_fp16_is_refused_on_the_cpu(tmp_path):

@@ -8,11 +8,9 @@ import json
 import os
 import sys
 
-# The backend stub embeds an interpreter that ignores PYTHONPATH; honour it so that packages installed
-# beside the server (numpy, torch) are found.
-for _path in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-    if _path and _path not in sys.path:
-        sys.path.append(_path)
+# The backend stub embeds an interpreter that ignores PYTHONPATH; honour it, ahead of the interpreter's
+# own paths as PYTHONPATH would be, so that the stub's numpy 1.x and torch are the ones imported.
+sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -27,8 +25,11 @@ class TritonPythonModel:
         self.outputs = [(t["name"], pb_utils.triton_string_to_numpy(t["data_type"])) for t in config["output"]]
         threads = int(config.get("parameters", {}).get("torch_threads", {}).get("string_value", "1"))
         torch.set_num_threads(threads)
+        # KIND_GPU instances run on the GPU Triton assigns them (model.pt compiled for CUDA).
+        gpu = args["model_instance_kind"] == "GPU"
+        self.device = torch.device(f"cuda:{args['model_instance_device_id']}" if gpu else "cpu")
         path = os.path.join(args["model_repository"], args["model_version"], "model.pt")
-        self.model = torch.jit.load(path, map_location="cpu").eval()
+        self.model = torch.jit.load(path, map_location=self.device).eval()
 
     def execute(self, requests):
         batches = [[pb_utils.get_input_tensor_by_name(r, n).as_numpy() for n in self.input_names] for r in requests]
@@ -52,7 +53,7 @@ class TritonPythonModel:
 
     def _run(self, arrays):
         with torch.inference_mode():
-            result = self.model(*[torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
+            result = self.model(*[torch.from_numpy(np.ascontiguousarray(a)).to(self.device) for a in arrays])
         if isinstance(result, torch.Tensor):
             result = (result,)
         return [t.detach().cpu().numpy() for t in result]

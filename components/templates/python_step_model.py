@@ -11,9 +11,7 @@ import os
 import sys
 
 # The backend stub embeds an interpreter that ignores PYTHONPATH; honour it (numpy lives there).
-for _path in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-    if _path and _path not in sys.path:
-        sys.path.append(_path)
+sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
 
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Served speed on the lent GPU machine: the embedded Triton (a CUDA build), its Python backend stub for
+# Python 3.12 and perf_analyzer travel there compressed, with the Python packages that machine lacks.
+#
+#   bash benchmarks/gpu_served_speed.sh pack   # here: writes .gpu/{tools,stub312,site312}.tar.xz (~77 MB)
+#   bash benchmarks/gpu_served_speed.sh run    # there, from the repo root (see benchmarks/README.md)
+#
+# One device call carries at most 64 MiB, so the packs travel in two calls to the same warm machine:
+# run with only .gpu/site312.tar.xz and .gpu/stub312.tar.xz carried (it unpacks them and stops), then with
+# .gpu/tools.tar.xz (it unpacks the tools, then measures). They are unpacked outside the repository
+# (/tmp/tritonship-gpu), which a warm machine keeps between calls; the carried .gpu/ is replaced each
+# call. Results and logs go to $OUT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PLATFORMS="--platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
+
+pack() {
+  local tmp
+  tmp=$(mktemp -d)
+  mkdir -p .gpu
+  # shellcheck disable=SC2086
+  .venv/bin/python -m pip install -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    $PLATFORMS --target "$tmp/site312" boto3==1.44.8 botocore==1.44.8 s3transfer==0.19.3 jmespath==1.1.0 \
+    tritonclient==2.73.0 protobuf==6.33.6 python-rapidjson==1.25 gevent==26.9.0 geventhttpclient==2.6.1 \
+    greenlet==3.5.6 brotli==1.2.1 zope.event==6.2 zope.interface==8.7 moto==5.2.5 flask==3.1.3 \
+    flask-cors==6.0.5 blinker==1.9.0 itsdangerous==2.2.0 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 \
+    responses==0.26.3 xmltodict==1.0.4 werkzeug==3.1.9
+  # shellcheck disable=SC2086
+  .venv/bin/python -m pip install -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    $PLATFORMS --target "$tmp/stub312" numpy==1.26.4
+  tar -cJf .gpu/site312.tar.xz -C "$tmp" site312
+  tar -cJf .gpu/stub312.tar.xz -C "$tmp" stub312
+  (cd .tools && tar -cf - pytriton/tritonserver/bin pytriton/tritonserver/backends pytriton/tritonserver/caches \
+    pytriton/tritonserver/python_backend_stubs/3.12 nvidia_pytriton.libs --exclude='libpython3-*' \
+    bin/perf_analyzer nvidia/cuda_runtime/lib/libcudart.so.12) | xz -9 -T0 > .gpu/tools.tar.xz
+  rm -rf "$tmp"
+  ls -l .gpu/*.tar.xz
+}
+
+run() {
+  local unpacked=/tmp/tritonship-gpu
+  local tools=$unpacked/tools
+  if [ -f .gpu/site312.tar.xz ]; then
+    mkdir -p "$unpacked/site" "$tools/stub-site"
+    tar -xJf .gpu/site312.tar.xz -C "$unpacked/site" --strip-components=1
+    tar -xJf .gpu/stub312.tar.xz -C "$tools/stub-site" --strip-components=1
+  fi
+  if [ ! -f .gpu/tools.tar.xz ]; then echo "site packages unpacked; now run again carrying .gpu/tools.tar.xz"; exit 0; fi
+  tar -xJf .gpu/tools.tar.xz -C "$tools"
+  # perf_analyzer links libb64.so.0d, which setup.sh installs with apt here; the server's copy serves.
+  ln -sf "$tools"/nvidia_pytriton.libs/libb64-*.so.0d "$tools/nvidia/cuda_runtime/lib/libb64.so.0d"
+  export TRITONSHIP_TOOLS=$tools PYTHONPATH=$PWD:$unpacked/site PYTHONUNBUFFERED=1
+  nvidia-smi -L | tee "$OUT/machine.txt"
+  python3 benchmarks/served_speed.py --device cuda --concurrency 1 16 --repeats 3 2>&1 \
+    | grep -v "DEBUG\|frombuffer\|UserWarning" | tee "$OUT/served_speed.log"
+  cp benchmarks/results/served_speed_cuda_*.json "$OUT/"
+  python3 -m pytest -p no:cacheprovider -m gpu -k python_flavour tests/test_export_compile.py 2>&1 \
+    | tee "$OUT/pytest_gpu_served.log"
+}
+
+"$@"
