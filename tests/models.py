@@ -157,11 +157,3 @@ def numpy_mlp_folder(
     if delay_us:
         _add_parameter(folder, "delay_us", str(delay_us))
     return folder
-
-
-def wrong_answers_folder(tmp_path: Path, name: str) -> Path:
-    """A folder whose served model.pt is not the model its golden outputs came from."""
-    folder = mlp_folder(tmp_path, name, seed=0)
-    other = MLP(seed=99).eval()
-    torch.jit.trace(other, torch.zeros(2, 16)).save(folder / "1" / "model.pt")
-    return folder

@@ -18,7 +18,7 @@ from components.promote import PromotionError, promote, reject
 from components.repository import ModelRepository, candidate_name
 from components.triton_admin import TritonAdmin
 from pipelines.stack import free_port
-from tests.models import delayed_folder, mlp_folder, wrong_answers_folder
+from tests.models import numpy_mlp_folder
 from tests.release_helpers import (
     FIRST_RELEASE_GATE,
     TEST_GATE,
@@ -35,8 +35,9 @@ X = {"x": np.ones((1, 16), np.float32)}
 
 
 def _folder(tmp_path: Path, name: str, sub: str, **kwargs) -> Path:
+    """The test MLP served with numpy (loads in ~1 s, not ~5 s with torch in the backend stub)."""
     (tmp_path / sub).mkdir()
-    return mlp_folder(tmp_path / sub, name, **kwargs)
+    return numpy_mlp_folder(tmp_path / sub, name, **kwargs)
 
 
 def _served(stack, name: str) -> list[int]:
@@ -75,9 +76,8 @@ def test_equal_candidate_passes_is_promoted_with_zero_failed_requests_and_surviv
 def test_slow_candidate_fails_the_gate_is_rejected_and_stable_keeps_serving(tmp_path, stack):
     name = unique()
     release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
-    stable_p50_us = 550  # about the stable MLP's median latency here; the candidate sleeps as long again
-    (tmp_path / "slow").mkdir()
-    slow = delayed_folder(tmp_path / "slow", name, delay_us=stable_p50_us)
+    # About twice the stable numpy MLP's median latency here (~0.5 ms): the candidate is 3x as slow.
+    slow = _folder(tmp_path, name, "slow", delay_us=1000)
     with SteadyClient([s.http_url for s in stack.replicas], name, X, ["y"]) as client:
         version, staged, verdict = stage_and_gate(stack, slow)
         assert staged.accuracy_passed
@@ -97,8 +97,7 @@ def test_slow_candidate_fails_the_gate_is_rejected_and_stable_keeps_serving(tmp_
 def test_candidate_with_wrong_answers_fails_the_accuracy_gate(tmp_path, stack):
     name = unique()
     release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
-    (tmp_path / "bad").mkdir()
-    version, staged, verdict = stage_and_gate(stack, wrong_answers_folder(tmp_path / "bad", name))
+    version, staged, verdict = stage_and_gate(stack, _folder(tmp_path, name, "bad", weights_seed=99))
     assert not staged.accuracy_passed and not all(r.passed for r in staged.accuracy)
     assert verdict.verdict == "fail"
     assert verdict.reasons[0].startswith("the accuracy check failed for output(s) y")

@@ -102,7 +102,7 @@ def test_thirty_releases_with_clients_running(tmp_path, stack):
     with SteadyClient([s.http_url for s in stack.replicas], name, X, ["y"], rate_hz=50) as client:
         for i in range(1, RELEASES + 1):
             release(i)
-            if i % 10 == 0:  # retention under load: Triton downloads every version folder on each load
+            if i % 3 == 0:  # retention under load: Triton downloads every version folder on each load
                 assert repo.gc(model=name, keep=KEEP)
 
     assert client.failures == [], client.failures[:5]
