@@ -524,7 +524,7 @@ def reconcile_cmd(
     states = reconcile(repository, resolve(replicas), model or None, dry_run, s3_settings(s3_endpoint))
     table = Table("replica", "model", "desired", "was serving", "action")
     for s in states:
-        table.add_row(s.replica, s.model, str(s.desired), ",".join(map(str, s.serving)) or "-", s.action)
+        table.add_row(s.replica, s.model, ",".join(map(str, s.desired)), ",".join(map(str, s.serving)) or "-", s.action)
     out.print(table)
     if not all(s.ok for s in states):
         raise typer.Exit(1)

@@ -14,6 +14,7 @@ from components.gate import gate
 from components.model_folder import load_golden
 from components.promote import promote, reject
 from components.publish import publish
+from components.reconcile import reconcile
 from components.repository import ModelRepository, candidate_name
 from components.stage import stage
 from components.triton_admin import TritonAdmin
@@ -133,6 +134,20 @@ def test_broken_postprocessing_fails_the_accuracy_check_and_production_keeps_its
     events = [e for e in repo.history(NAME) if e["run_id"] == "ens-broken"]
     assert [e["event"] for e in events] == ["published", "staged", "gate", "rejected"]
     assert events[0]["members"] == dict.fromkeys(MEMBERS, version)
+
+
+def test_reconcile_of_the_ensemble_loads_its_members_first(stack, bundles, first_release):
+    """A replica restarted without --load-model: reconciling the ensemble alone brings its members back
+    (at the versions its steps are pinned to) and then the ensemble."""
+    stable = ModelRepository(repository(stack), stack.s3).desired_config(NAME)[0].version_policy.specific.versions[0]
+    stack.restart_triton("prod-0")
+    states = reconcile(repository(stack), replicas(stack), [NAME], s3=stack.s3)
+    assert [(s.replica, s.model) for s in states] == [(r, m) for r in ("prod-0", "prod-1") for m in [*MEMBERS, NAME]]
+    assert [s.action for s in states] == ["loaded"] * 4 + ["in sync"] * 4
+    restarted = TritonAdmin(stack.replicas[0].http_url)
+    assert all(restarted.ready_versions(m) == [stable] for m in [*MEMBERS, NAME])
+    history, answer = _golden(bundles["v1" if stable == first_release else "v2"])
+    np.testing.assert_array_equal(restarted.infer(NAME, {"history": history}, ["recommended"])["recommended"], answer)
 
 
 def test_cli_assembles_the_same_bundle_from_its_parts(tmp_path, bundles):
