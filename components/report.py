@@ -60,8 +60,8 @@ def tuning_markdown(t: dict[str, Any] | None) -> list[str]:
     gain = "-" if t["gain_pct"] is None else f"{t['gain_pct']:+.1f}%"
     return [
         "",
-        f"## Serving settings: {len(t['trials'])} of {t['grid_size']} measured, throughput {gain} over the default "
-        f"within p99 {_fmt(t['p99_limit_ms'], '.3f')} ms",
+        f"## Serving settings: {t['settings_measured']} of {t['grid_size']} measured, throughput {gain} over "
+        f"the default within p99 {_fmt(t['p99_limit_ms'], '.3f')} ms",
         "",
         f"| {' | '.join(TUNING_HEADER)} |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | --- |",

@@ -4,7 +4,10 @@ Each setting (max_batch_size, dynamic batching delay and preferred batch sizes, 
 by reloading `<model>__candidate` on the gate through the load API with a config override (S3 is never
 written) and measuring it with perf_analyzer at the gate's load. The chosen setting has the highest
 throughput whose p99 stays within the latency limit: the given one, or else the default setting's p99
-plus `p99_slack_pct` (tuning must not buy throughput with latency nobody agreed to).
+plus `p99_slack_pct` (tuning must not buy throughput with latency nobody agreed to). One perf_analyzer
+run's p99 moves by up to ±30% on a busy machine, so a derived limit comes from two runs of the default
+(the higher p99; their mean throughput is the default's): one low reading would otherwise refuse
+settings no slower than the default (benchmarks/README.md, tuning).
 
 The search is a coordinate search from the default: one knob at a time, every value of it with the other
 knobs at their best so far; it moves only for a gain of at least `min_gain_pct` and stops after a pass
@@ -76,7 +79,16 @@ class TuneResult:
     enabled: bool = True
 
     def trial(self, settings: ServingSettings) -> Trial | None:
-        return next((t for t in self.trials if t.settings == settings), None)
+        """The setting's measurement; for one measured twice (the default), the two combined."""
+        same = [t for t in self.trials if t.settings == settings]
+        measured = [t for t in same if t.measured]
+        if len(measured) > 1:
+            return combined(measured)
+        return (measured or same or [None])[0]
+
+    @property
+    def settings_measured(self) -> int:
+        return len({t.settings for t in self.trials})
 
     @property
     def gain_pct(self) -> float | None:
@@ -91,6 +103,7 @@ class TuneResult:
         data["default"], data["chosen"] = asdict(self.default), asdict(self.chosen)
         data["trials"] = [t.row() for t in self.trials]
         data["gain_pct"] = self.gain_pct
+        data["settings_measured"] = self.settings_measured
         return json.dumps(data, indent=2)
 
     @classmethod
@@ -100,6 +113,7 @@ class TuneResult:
             Trial(settings_from(row), row["throughput"], row["p99_ms"], row["problem"]) for row in data.pop("trials")
         ]
         data.pop("gain_pct", None)
+        data.pop("settings_measured", None)
         return cls(**{**data, "default": settings_from(data["default"]), "chosen": settings_from(data["chosen"])},
                    trials=trials)  # fmt: skip
 
@@ -221,6 +235,11 @@ class GateBench:
         return trial
 
 
+def combined(trials: list[Trial]) -> Trial:
+    """Several measurements of one setting: their mean throughput and their highest p99."""
+    return Trial(trials[0].settings, float(np.mean([t.throughput for t in trials])), max(t.p99_ms for t in trials))
+
+
 def _best(trials: Iterator[Trial], limit_ms: float | None) -> Trial | None:
     within = [t for t in trials if t.measured and (limit_ms is None or t.p99_ms <= limit_ms)]
     return max(within, key=lambda t: t.throughput, default=None)
@@ -232,23 +251,33 @@ def search(measure: Callable[[ServingSettings], Trial], default: ServingSettings
     result = TuneResult("", 0, default, default, settings.max_p99_ms, grid_size)
     measured: dict[ServingSettings, Trial] = {}
 
+    def measure_once(candidate: ServingSettings) -> Trial | None:
+        if len(result.trials) >= settings.budget:
+            return None
+        trial = measure(candidate)
+        result.trials.append(trial)
+        log.event(LOG, "trial", **trial.row())
+        return trial
+
     def run(candidate: ServingSettings) -> Trial | None:
         if candidate not in measured:
-            if len(measured) >= settings.budget:
+            trial = measure_once(candidate)
+            if trial is None:
                 return None
-            measured[candidate] = measure(candidate)
-            result.trials.append(measured[candidate])
-            log.event(LOG, "trial", **measured[candidate].row())
+            measured[candidate] = trial
         return measured[candidate]
 
     baseline = run(default)
     if baseline is None or not baseline.measured:
         return result  # the default stays; the gate measures (and judges) it
     if result.p99_limit_ms is None:
+        again = measure_once(default)
+        if again is not None and again.measured:
+            baseline = measured[default] = combined([baseline, again])
         result.p99_limit_ms = baseline.p99_ms * (1 + settings.p99_slack_pct / 100)
     current = default if baseline.p99_ms <= result.p99_limit_ms else None
     moved = True
-    while moved and len(measured) < settings.budget:
+    while moved and len(result.trials) < settings.budget:
         moved = False
         for _name, values in knobs(default, settings):
             anchor = current or default
