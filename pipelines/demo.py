@@ -44,7 +44,9 @@ def demo_parameters(stack: EmbeddedStack, model_source: str) -> dict[str, Any]:
         "gate": stack.gate.http_url,
         "concurrency": 1,  # the gate's defaults otherwise (tuned by benchmarks/gate_quality.py)
         "max_p99_ms": 50.0,
-        "tune_budget": 4,  # at concurrency 1 batching cannot help; 4 settings show the step (benchmarks/tuning.py)
+        # at concurrency 1 batching cannot help: the default twice and two other settings show the step
+        # (benchmarks/tuning.py measures it at a load where it pays)
+        "tune_budget": 4,
     }
 
 

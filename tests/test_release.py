@@ -167,10 +167,9 @@ def test_replica_killed_during_promotion_reverts_to_stable(tmp_path, stack):
 
 def test_missing_perf_analyzer_makes_the_verdict_fail(tmp_path, stack, monkeypatch):
     name = unique()
-    release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     monkeypatch.setenv("TRITONSHIP_TOOLS", str(tmp_path / "no-tools"))
-    _version, _staged, verdict = stage_and_gate(stack, _folder(tmp_path, name, "v2"))
+    _version, _staged, verdict = stage_and_gate(stack, _folder(tmp_path, name, "v1"))
     assert verdict.verdict == "fail" and "perf_analyzer was not found" in verdict.reasons[0]
     TritonAdmin(stack.gate.http_url).unload(candidate_name(name))
 

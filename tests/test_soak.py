@@ -26,7 +26,7 @@ X = {"x": np.ones((1, 16), np.float32)}
 # Absolute limits only, one round: this test is about the release machinery, not the gate's statistics
 # (benchmarks/gate_quality.py measures those). The slow candidates sleep 20 ms per request.
 SOAK_GATE = GateSettings(
-    load=perf.LoadSettings(concurrency=1, window_ms=500, stability_pct=50),
+    load=perf.LoadSettings(concurrency=1, window_ms=250, stability_pct=50),
     thresholds=Thresholds(max_p99_ms=10, max_p99_regression_pct=None, max_throughput_regression_pct=None),
     rounds=1,
 )
