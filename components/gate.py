@@ -1,35 +1,45 @@
 """Gate step: measure the candidate against the stable version on the gate server and decide.
 
-Candidate and stable are measured alternately (stable, candidate, candidate, stable, ...) in several
-rounds with perf_analyzer at the configured load, using the golden inputs as request data. Each
-round gives a paired ratio candidate/stable, which cancels slow drift of the machine; the decision
-uses the median ratio over the rounds.
+How it measures (docs/design.md section 4)
+    Both versions are loaded on the gate server and warmed up. Then rounds: in the **duet** design
+    (default) one perf_analyzer per model starts at the same moment, each at the full load, so both
+    see the same seconds of the machine; in the **alternating** design they run one after the other
+    (S C, C S, ...). perf_analyzer's own stability check is relaxed (it always measures three
+    windows and never exits 2 for noise): every request's latency comes from its profile export and
+    the gate judges the noise itself, from the intervals of gate_stats.
 
-Verdicts (fail closed: only `pass` promotes):
-- fail: the accuracy check failed, an absolute limit or a relative limit is exceeded, perf_analyzer
-  is missing or crashed, the gate server is unreachable, the candidate is not loaded;
-- inconclusive: a measurement did not stabilise, the rounds disagree more than the noise limit, the
-  stable version could not be measured, or no limit applies at all;
-- pass: every limit that applies is met by measurements that all succeeded.
+How it decides
+    After each round every limit's effect gets an interval (gate_stats): fail as soon as one lies
+    wholly beyond its limit, pass once all lie wholly within, otherwise another round, until the
+    time budget is spent: only then inconclusive. A round whose perf_analyzer exits 2 anyway is
+    measured again (at most `max_attempts` times, within the budget); every attempt is recorded in
+    verdict.json.
+
+Fail closed: only `pass` promotes.
+- fail: the accuracy check failed, a limit is broken, perf_analyzer is missing, crashed, found no
+  valid request or could not reach the server, or the candidate is not loaded;
+- inconclusive: an interval still straddles its limit when the budget is spent, a round could not
+  be measured within its attempts, the stable version could not be loaded, or no limit applies.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from components import ensemble, log, model_config, perf
+from components import ensemble, gate_stats, log, model_config, perf
 from components.errors import TritonshipError
+from components.gate_stats import Effect, Limits, Rounds
 from components.repository import ModelRepository, candidate_name
 from components.s3repo import S3Settings
-from components.stage import CandidateVersion, StageResult, read_candidate
+from components.stage import StageResult, read_candidate
 from components.tools import find_perf_analyzer
 from components.triton_admin import TritonAdmin, TritonError
 
@@ -38,16 +48,32 @@ if TYPE_CHECKING:
 
 LOG = log.get("gate")
 Verdict = Literal["pass", "fail", "inconclusive"]
-BOOTSTRAP_RESAMPLES = 200
+Design = Literal["duet", "alternating"]
 WARM_UP_REQUESTS = 50
+# perf_analyzer's stability check, relaxed: any three windows count as stable, so a run always reports.
+RELAXED_STABILITY_PCT = 1000.0
+
+DEFAULT_CONCURRENCY = 1
+DEFAULT_WINDOW_MS = 1000
+DEFAULT_MIN_ROUNDS = gate_stats.MIN_ROUNDS
+DEFAULT_BUDGET_S = 90.0
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_MAX_REGRESSION_PCT = 10.0
 
 
 @dataclass(frozen=True)
 class Thresholds:
+    """Limits; None is off. Relative ones are percent against the stable version."""
+
     max_p99_ms: float | None = None  # absolute: candidate p99 latency at the gate load
     min_throughput: float | None = None  # absolute: candidate inferences/s at the gate load
-    max_p99_regression_pct: float | None = 10.0  # relative to stable
-    max_throughput_regression_pct: float | None = 10.0  # relative to stable
+    max_p99_regression_pct: float | None = DEFAULT_MAX_REGRESSION_PCT
+    max_throughput_regression_pct: float | None = DEFAULT_MAX_REGRESSION_PCT
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if value is not None and value <= 0:
+                raise ValueError(f"the gate limit {name} must be positive (leave it out to switch it off), not {value}")
 
     @property
     def relative(self) -> bool:
@@ -57,52 +83,63 @@ class Thresholds:
     def absolute(self) -> bool:
         return self.max_p99_ms is not None or self.min_throughput is not None
 
+    def limits(self, with_stable: bool) -> Limits:
+        pct = lambda v: None if v is None or not with_stable else v / 100  # noqa: E731
+        return Limits(
+            self.max_p99_ms, self.min_throughput, pct(self.max_p99_regression_pct),
+            pct(self.max_throughput_regression_pct),
+        )  # fmt: skip
+
 
 @dataclass(frozen=True)
 class GateSettings:
-    load: perf.LoadSettings = field(default_factory=perf.LoadSettings)
+    concurrency: int = DEFAULT_CONCURRENCY
+    request_rate: float | None = None  # a fixed request rate per model instead of concurrency
+    window_ms: int = DEFAULT_WINDOW_MS
     thresholds: Thresholds = field(default_factory=Thresholds)
-    rounds: int = 5
-    # the 90% bootstrap interval of the candidate/stable ratios wider than this: inconclusive
-    max_noise_pct: float = 40.0
-    perf_timeout_s: float = 300.0
+    design: Design = "duet"
+    min_rounds: int = DEFAULT_MIN_ROUNDS
+    budget_s: float = DEFAULT_BUDGET_S  # measuring time after which an undecided gate is inconclusive
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS  # perf_analyzer runs per round before the round counts as lost
+    confidence: float = gate_stats.CONFIDENCE
+    perf_timeout_s: float = 120.0
 
+    def __post_init__(self) -> None:
+        problems = [
+            f"concurrency must be at least 1, not {self.concurrency}" if self.concurrency < 1 else "",
+            f"window_ms must be at least 100, not {self.window_ms}" if self.window_ms < 100 else "",
+            f"design must be 'duet' or 'alternating', not {self.design!r}" if self.design not in ("duet", "alternating") else "",
+            f"min_rounds must be at least {gate_stats.MIN_ROUNDS}, not {self.min_rounds}" if self.min_rounds < gate_stats.MIN_ROUNDS else "",
+            f"budget_s must be positive, not {self.budget_s}" if self.budget_s <= 0 else "",
+            f"max_attempts must be at least 1, not {self.max_attempts}" if self.max_attempts < 1 else "",
+            f"confidence must be between 0.5 and 1, not {self.confidence}" if not 0.5 <= self.confidence < 1 else "",
+        ]  # fmt: skip
+        if any(problems):
+            raise ValueError("invalid gate settings: " + "; ".join(p for p in problems if p))
 
-@dataclass
-class Figures:
-    """One model's measurements over the rounds: per-round figures from perf_analyzer's CSV and every
-    request's latency from its profile export (ms)."""
+    @classmethod
+    def from_flat(
+        cls,
+        max_p99_ms: float | None = None,
+        min_throughput: float | None = None,
+        max_p99_regression_pct: float | None = DEFAULT_MAX_REGRESSION_PCT,
+        max_throughput_regression_pct: float | None = DEFAULT_MAX_REGRESSION_PCT,
+        request_rate: float | None = None,
+        **rest: Any,
+    ) -> GateSettings:
+        """From flat parameters (CLI options, KFP pipeline parameters): a limit or rate of None or 0 is off."""
+        off = lambda v: v if v else None  # noqa: E731
+        thresholds = Thresholds(
+            off(max_p99_ms), off(min_throughput), off(max_p99_regression_pct), off(max_throughput_regression_pct)
+        )
+        return cls(thresholds=thresholds, request_rate=off(request_rate), **rest)
 
-    throughput: list[float] = field(default_factory=list)
-    p50_ms: list[float] = field(default_factory=list)
-    p99_ms: list[float] = field(default_factory=list)
-    samples: list[np.ndarray] = field(default_factory=list, repr=False)
-
-    def add(self, point: perf.LoadPoint, latencies_us: np.ndarray) -> None:
-        self.throughput.append(point.throughput)
-        self.p50_ms.append(point.p50_us / 1000)
-        self.p99_ms.append(point.p99_us / 1000)
-        # Without request data (an old perf_analyzer), the round's own p99 stands for its tail.
-        self.samples.append(latencies_us / 1000 if latencies_us.size else np.array([point.p99_us / 1000]))
-
-    def pooled(self, q: float, rounds: np.ndarray | None = None) -> float:
-        """The q-th percentile over every request of the given rounds (all by default)."""
-        chosen = self.samples if rounds is None else [self.samples[i] for i in rounds]
-        return float(np.percentile(np.concatenate(chosen), q))
-
-    def summary(self) -> dict[str, float | None]:
-        """Throughput: median over rounds; p50 and p99: over all requests of all rounds together."""
-        if not self.throughput:
-            return {"throughput": None, "p50_ms": None, "p99_ms": None, "requests": 0}
-        return {
-            "throughput": statistics.median(self.throughput),
-            "p50_ms": self.pooled(50),
-            "p99_ms": self.pooled(99),
-            "requests": int(sum(s.size for s in self.samples)),
-        }
-
-    def to_dict(self) -> dict[str, list[float]]:
-        return {"throughput": self.throughput, "p50_ms": self.p50_ms, "p99_ms": self.p99_ms}
+    @property
+    def load(self) -> perf.LoadSettings:
+        return perf.LoadSettings(
+            concurrency=self.concurrency, request_rate=self.request_rate, window_ms=self.window_ms,
+            stability_pct=RELAXED_STABILITY_PCT,
+        )  # fmt: skip
 
 
 @dataclass
@@ -112,88 +149,126 @@ class GateResult:
     stable_version: int | None
     verdict: Verdict
     reasons: list[str]
-    candidate: Figures = field(default_factory=Figures)
-    stable: Figures = field(default_factory=Figures)
-    p99_regression_pct: float | None = None
-    throughput_regression_pct: float | None = None
-    noise_pct: float | None = None
+    candidate: Rounds = field(default_factory=Rounds)
+    stable: Rounds = field(default_factory=Rounds)
+    effects: list[Effect] = field(default_factory=list)
+    rounds: int = 0
+    stopped: str = ""  # why the gate stopped measuring
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # every perf_analyzer run
     measurement_seconds: float = 0.0
     stable_load_seconds: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
-    runs: list[dict[str, Any]] = field(default_factory=list)
     tuning: dict[str, Any] | None = None  # the tune step's table and chosen serving settings (TuneResult)
 
+    def effect(self, name: str) -> Effect | None:
+        return next((e for e in self.effects if e.name == name), None)
+
+    @property
+    def p99_regression_pct(self) -> float | None:
+        found = self.effect("p99")
+        return None if found is None else found.estimate * 100
+
+    @property
+    def throughput_regression_pct(self) -> float | None:
+        found = self.effect("throughput")
+        return None if found is None else -found.estimate * 100
+
     def to_dict(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if k not in ("candidate", "stable")}
-        data["candidate"], data["stable"] = self.candidate.to_dict(), self.stable.to_dict()
+        data = {k: v for k, v in self.__dict__.items() if k not in ("candidate", "stable", "effects")}
+        data["effects"] = [e.to_dict() for e in self.effects]
         data["candidate_summary"] = self.candidate.summary()
         data["stable_summary"] = self.stable.summary()
+        data["candidate_rounds"] = self.candidate.per_round()
+        data["stable_rounds"] = self.stable.per_round()
+        data["p99_regression_pct"] = self.p99_regression_pct
+        data["throughput_regression_pct"] = self.throughput_regression_pct
         return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)
 
 
-def paired_intervals(candidate: Figures, stable: Figures, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """90% bootstrap intervals of the p99 ratio (pooled requests) and the throughput ratio (median of the
-    paired rounds), resampling whole rounds so that the spread between rounds is what is measured."""
-    rng = np.random.default_rng(seed)
-    rounds = len(candidate.throughput)
-    p99, throughput = [], []
-    for chosen in rng.integers(0, rounds, size=(BOOTSTRAP_RESAMPLES, rounds)):
-        p99.append(candidate.pooled(99, chosen) / stable.pooled(99, chosen))
-        throughput.append(statistics.median(candidate.throughput[i] / stable.throughput[i] for i in chosen))
-    return np.percentile(p99, [5, 95]), np.percentile(throughput, [5, 95])
-
-
-def evaluate(result: GateResult, settings: GateSettings) -> None:
-    """Fill in verdict, reasons and the relative figures from the measurements."""
-    t = settings.thresholds
-    fails: list[str] = []
-    doubts: list[str] = []
-    cand = result.candidate.summary()
-    if t.max_p99_ms is not None and cand["p99_ms"] is not None and cand["p99_ms"] > t.max_p99_ms:
-        fails.append(f"candidate p99 {cand['p99_ms']:.2f} ms exceeds the limit of {t.max_p99_ms:g} ms")
-    if t.min_throughput is not None and cand["throughput"] is not None and cand["throughput"] < t.min_throughput:
-        fails.append(f"candidate throughput {cand['throughput']:.0f}/s is below the limit of {t.min_throughput:g}/s")
-    if result.stable_version is not None and t.relative and result.stable.throughput:
-        stable = result.stable.summary()
-        tp_ratios = [c / s for c, s in zip(result.candidate.throughput, result.stable.throughput, strict=True)]
-        result.p99_regression_pct = (cand["p99_ms"] / stable["p99_ms"] - 1) * 100
-        result.throughput_regression_pct = (1 - statistics.median(tp_ratios)) * 100
-        p99_interval, tp_interval = paired_intervals(result.candidate, result.stable)
-        result.noise_pct = float(max(np.ptp(p99_interval), np.ptp(tp_interval)) * 100)
-        if t.max_p99_regression_pct is not None and result.p99_regression_pct > t.max_p99_regression_pct:
-            fails.append(
-                f"p99 latency regressed {result.p99_regression_pct:+.1f}% against stable v{result.stable_version} "
-                f"(limit {t.max_p99_regression_pct:g}%)"
-            )
-        if (
-            t.max_throughput_regression_pct is not None
-            and result.throughput_regression_pct > t.max_throughput_regression_pct
-        ):
-            fails.append(
-                f"throughput dropped {result.throughput_regression_pct:.1f}% against stable v{result.stable_version} "
-                f"(limit {t.max_throughput_regression_pct:g}%)"
-            )
-        if result.noise_pct > settings.max_noise_pct:
-            doubts.append(
-                f"the rounds disagree: the 90% interval of the candidate/stable ratio is {result.noise_pct:.0f}% wide "
-                f"(limit {settings.max_noise_pct:g}%), too noisy to decide"
-            )
-    if not t.absolute and not (t.relative and result.stable_version is not None):
-        doubts.append("no limit applies (first release without absolute limits): nothing to judge the candidate by")
-    if fails:
-        result.verdict, result.reasons = "fail", fails + result.reasons
-    elif doubts or result.reasons:
-        result.verdict, result.reasons = "inconclusive", doubts + result.reasons
+def round_requests(
+    candidate: perf.Requests, stable: perf.Requests | None, duet: bool
+) -> tuple[np.ndarray, np.ndarray | None, float, float]:
+    """One round's latencies (ms) of both models and the seconds each measured. In a duet only the span
+    both runs measured counts, so both sides of the round saw the same seconds of the machine."""
+    sides = [candidate] if stable is None else [candidate, stable]
+    if duet:
+        common = (max(s.span_ns[0] for s in sides), min(s.span_ns[1] for s in sides))
+        spans = [common] * len(sides)
     else:
-        result.verdict = "pass"
-        result.reasons = ["every limit that applies is met"]
+        spans = [s.span_ns for s in sides]
+    cut = [
+        (side.latency_us[(side.start_ns >= start) & (side.start_ns <= end)] / 1000, max(end - start, 0) / 1e9)
+        for side, (start, end) in zip(sides, spans, strict=True)
+    ]
+    c_ms, c_s = cut[0]
+    s_ms, s_s = cut[1] if stable is not None else (None, 0.0)
+    return c_ms, s_ms, c_s, s_s
+
+
+RoundMeasure = Callable[[int], list[perf.PerfRun]]  # round index -> [candidate run, stable run?]
+
+
+def measure_sequentially(
+    result: GateResult, settings: GateSettings, measure_round: RoundMeasure, with_stable: bool, clock=time.monotonic
+) -> None:
+    """Rounds until the effects decide, the budget is spent, or a measurement fails; fills in the result."""
+    limits = settings.thresholds.limits(with_stable)
+    started = clock()
+    round_seconds = 0.0
+    while True:
+        runs: list[perf.PerfRun] = []
+        for attempt in range(1, settings.max_attempts + 1):
+            attempt_started = clock()
+            runs = measure_round(result.rounds)
+            round_seconds = clock() - attempt_started
+            result.measurement_seconds += round_seconds
+            for run in runs:
+                result.attempts.append({"round": result.rounds + 1, "attempt": attempt, **run.to_dict()})
+            broken = next((r for r in runs if not r.ok and r.exit_code != 2), None)
+            if broken is not None:
+                result.verdict, result.stopped = "fail", "a measurement failed"
+                result.reasons = [f"perf_analyzer on {broken.model} v{broken.version} (round {result.rounds + 1}) "
+                                  f"exited {broken.exit_code}: {broken.reason}"]  # fmt: skip
+                return
+            if all(r.ok for r in runs) or clock() - started + round_seconds > settings.budget_s:
+                break
+        if not all(r.ok for r in runs):
+            unstable = next(r for r in runs if not r.ok)
+            result.verdict, result.stopped = "inconclusive", "a round could not be measured"
+            result.reasons = [f"perf_analyzer on {unstable.model} v{unstable.version} could not measure round "
+                              f"{result.rounds + 1} in {settings.max_attempts} attempts: {unstable.reason}"]  # fmt: skip
+            return
+        result.rounds += 1
+        c_ms, s_ms, c_s, s_s = round_requests(
+            runs[0].requests, runs[1].requests if len(runs) > 1 else None, settings.design == "duet"
+        )
+        result.candidate.add(c_ms, c_s)
+        if s_ms is not None:
+            result.stable.add(s_ms, s_s)
+        if result.rounds >= settings.min_rounds:
+            result.effects = gate_stats.effects(result.candidate, result.stable if with_stable else None, limits,
+                                                settings.confidence)  # fmt: skip
+            decision = gate_stats.judge(result.effects)
+            if decision != "undecided":
+                result.verdict = decision
+                result.stopped = f"decided after {result.rounds} rounds"
+                broken = [e.describe() for e in result.effects if e.status == "beyond"]
+                result.reasons = broken if decision == "fail" else [e.describe() for e in result.effects]
+                return
+        if clock() - started + round_seconds > settings.budget_s:
+            result.verdict = "inconclusive"
+            result.stopped = f"the {settings.budget_s:g} s budget was spent after {result.rounds} rounds"
+            straddling = [e.describe() for e in result.effects if e.status == "straddles"]
+            result.reasons = [f"still undecided when the {settings.budget_s:g} s budget was spent: "
+                              + "; ".join(straddling or ["too few rounds were measured"])]  # fmt: skip
+            return
 
 
 def _failed(result: GateResult, reason: str) -> GateResult:
-    result.verdict, result.reasons = "fail", [reason]
+    result.verdict, result.reasons, result.stopped = "fail", [reason], "could not measure"
     return result
 
 
@@ -219,19 +294,20 @@ def gate(
     result = GateResult(model, version, stable_version, "inconclusive", [], settings=_settings_dict(settings))
     result.tuning = json.loads(tuning.to_json()) if tuning is not None else None
     try:
-        _measure(repo, result, settings, stage_result, desired, gate_url, out_dir)
+        _measure(repo, result, settings, stage_result, desired, gate_url)
     except TritonshipError as exc:
         _failed(result, str(exc))
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "verdict.json").write_text(result.to_json())
+        _write_latencies(result, out_dir / "raw" / "latencies.npz")
         from components import report
 
         report.write(result, out_dir)
     repo.record(
         model, "gate", version, run_id, verdict=result.verdict, reasons=result.reasons,
         stable_version=stable_version, candidate=result.candidate.summary(), stable=result.stable.summary(),
-        p99_regression_pct=result.p99_regression_pct, throughput_regression_pct=result.throughput_regression_pct,
+        effects=[e.to_dict() for e in result.effects], rounds=result.rounds,
         serving=result.tuning["chosen"] if result.tuning else None,
     )  # fmt: skip
     log.event(LOG, "verdict", model=model, version=version, verdict=result.verdict, reasons="; ".join(result.reasons))
@@ -245,7 +321,6 @@ def _measure(
     stage_result: StageResult | None,
     desired: model_config.ModelConfig | None,
     gate_url: str,
-    out_dir: Path | None,
 ) -> None:
     if stage_result is not None and stage_result.load_error:
         _failed(result, f"the gate server could not load the candidate: {stage_result.load_error}")
@@ -259,17 +334,22 @@ def _measure(
         return
     find_perf_analyzer()  # raises a plain error if it is missing
     candidate = read_candidate(repo, result.model, result.version)
-    cand_name = candidate_name(result.model)
+    t = settings.thresholds
+    with_stable = desired is not None and t.relative
+    if not t.absolute and not with_stable:
+        result.reasons = ["no limit applies (first release without absolute limits): nothing to judge the candidate by"]
+        result.stopped = "nothing to measure against"
+        return
+    targets = [perf.Target(candidate_name(result.model), str(result.version))]
     with TritonAdmin(gate_url) as admin:
         admin.ensure_live()
-        if not admin.is_ready(cand_name, result.version):
+        if not admin.is_ready(targets[0].model, result.version):
             _failed(
                 result,
-                f"the candidate {cand_name} v{result.version} is not loaded on the gate server {admin.url}; run the stage step first",
+                f"the candidate {targets[0].model} v{result.version} is not loaded on the gate server {admin.url}; run the stage step first",
             )
             return
-        targets = [(cand_name, str(result.version), result.candidate)]
-        if desired is not None and settings.thresholds.relative:
+        if with_stable:
             try:
                 started = time.monotonic()
                 for member in ensemble.member_names(desired):  # an ensemble's stable members first
@@ -279,66 +359,45 @@ def _measure(
                 admin.load(result.model, desired)
                 admin.wait_ready(result.model, result.stable_version or "")
                 result.stable_load_seconds = time.monotonic() - started
-                targets.append((result.model, str(result.stable_version), result.stable))
+                targets.append(perf.Target(result.model, str(result.stable_version)))
             except TritonError as exc:
-                result.reasons.append(f"the stable version could not be loaded on the gate server: {exc}")
+                result.reasons = [f"the stable version could not be loaded on the gate server: {exc}"]
+                result.stopped = "no stable version to measure against"
                 return
-        for name, version, _figures in targets:  # a freshly loaded model's first requests are slow
-            first = {k: v[:1] for k, v in candidate.golden_inputs.items()}
-            for _ in range(WARM_UP_REQUESTS):
-                admin.infer(name, first, candidate.output_names, version)
         try:
-            _rounds(admin.url, candidate, targets, settings, result, out_dir)
-        finally:
-            if len(targets) > 1:
-                admin.unload_with_members(result.model)
-    if not result.reasons:
-        evaluate(result, settings)
-
-
-def _rounds(
-    url: str,
-    candidate: CandidateVersion,
-    targets: list[tuple[str, str, Figures]],
-    settings: GateSettings,
-    result: GateResult,
-    out_dir: Path | None,
-) -> None:
-    with tempfile.TemporaryDirectory(prefix="tritonship-gate-") as tmp:
-        data = perf.write_input_data(
-            candidate.golden_inputs, Path(tmp) / "input.json", batched=candidate.config.max_batch_size > 0
-        )
-        for round_index in range(settings.rounds):
-            order = targets if round_index % 2 == 0 else list(reversed(targets))
-            for name, version, figures in order:
-                run = perf.measure(url, name, data, settings.load, version=version, timeout=settings.perf_timeout_s)
-                result.measurement_seconds += run.seconds
-                result.runs.append(
-                    {"round": round_index, **{k: v for k, v in run.to_dict().items() if k != "csv_text"}}
+            first = {k: v[:1] for k, v in candidate.golden_inputs.items()}
+            for target in targets:  # a freshly loaded model's first requests are slow
+                for _ in range(WARM_UP_REQUESTS):
+                    admin.infer(target.model, first, candidate.output_names, target.version)
+            with tempfile.TemporaryDirectory(prefix="tritonship-gate-") as tmp:
+                data = perf.write_input_data(
+                    candidate.golden_inputs, Path(tmp) / "input.json", batched=candidate.config.max_batch_size > 0
                 )
-                if out_dir is not None and run.csv_text:
-                    raw = out_dir / "raw"
-                    raw.mkdir(parents=True, exist_ok=True)
-                    (raw / f"{name}-v{version}-round{round_index}.csv").write_text(run.csv_text)
-                if not run.ok:
-                    # An unstable window is noise (inconclusive); a crash, no valid request or an
-                    # unreachable server is a failure.
-                    result.verdict = "inconclusive" if run.exit_code == 2 else "fail"
-                    result.reasons.append(
-                        f"perf_analyzer on {name} v{version} (round {round_index + 1}) {_exit_words(run)}: {run.reason}"
-                    )
-                    return
-                figures.add(run.points[0], run.latencies_us)
+                measure_sequentially(result, settings, _round_measure(admin.url, targets, data, settings), with_stable)
+        finally:
+            if with_stable:
+                admin.unload_with_members(result.model)
 
 
-def _exit_words(run: perf.PerfRun) -> str:
-    return "did not stabilise" if run.exit_code == 2 else f"exited {run.exit_code}"
+def _round_measure(url: str, targets: list[perf.Target], data: Path, settings: GateSettings) -> RoundMeasure:
+    def duet(_round: int) -> list[perf.PerfRun]:
+        return perf.measure_together(url, targets, data, settings.load, settings.perf_timeout_s)
+
+    def alternating(round_index: int) -> list[perf.PerfRun]:
+        order = targets if round_index % 2 == 0 else targets[::-1]
+        runs = {t: perf.measure_together(url, [t], data, settings.load, settings.perf_timeout_s)[0] for t in order}
+        return [runs[t] for t in targets]
+
+    return duet if settings.design == "duet" or len(targets) == 1 else alternating
+
+
+def _write_latencies(result: GateResult, path: Path) -> None:
+    """Every measured request's latency (ms), round by round, for anyone who wants to check the verdict."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {f"{side}_round{i + 1:03d}": lat for side, r in (("candidate", result.candidate), ("stable", result.stable))
+              for i, lat in enumerate(r.latencies_ms)}  # fmt: skip
+    np.savez_compressed(path, **arrays)
 
 
 def _settings_dict(settings: GateSettings) -> dict[str, Any]:
-    return {
-        "load": asdict(settings.load),
-        "thresholds": asdict(settings.thresholds),
-        "rounds": settings.rounds,
-        "max_noise_pct": settings.max_noise_pct,
-    }
+    return {**asdict(settings), "load": asdict(settings.load)}

@@ -47,6 +47,20 @@ class LoadPoint:
     server_compute_us: float
 
 
+@dataclass(frozen=True)
+class Requests:
+    """The requests perf_analyzer sent inside its measured windows: start times (ns, the host's clock,
+    comparable between processes) and latencies (us), and the measured span [start_ns, end_ns]."""
+
+    start_ns: np.ndarray
+    latency_us: np.ndarray
+    span_ns: tuple[int, int] = (0, 0)
+
+    @classmethod
+    def empty(cls) -> Requests:
+        return cls(np.empty(0, np.int64), np.empty(0))
+
+
 @dataclass
 class PerfRun:
     """One perf_analyzer invocation."""
@@ -58,8 +72,12 @@ class PerfRun:
     csv_text: str = ""
     stderr_tail: str = ""
     seconds: float = 0.0
-    # every request's latency (microseconds) in the measured windows, from the profile export
-    latencies_us: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
+    # every request of the measured windows, from the profile export
+    requests: Requests = field(default_factory=Requests.empty, repr=False)
+
+    @property
+    def latencies_us(self) -> np.ndarray:
+        return self.requests.latency_us
 
     @property
     def ok(self) -> bool:
@@ -72,8 +90,11 @@ class PerfRun:
         return EXIT_REASONS.get(self.exit_code, f"perf_analyzer exited {self.exit_code}")
 
     def to_dict(self) -> dict[str, object]:
-        data = {k: v for k, v in asdict(self).items() if k != "latencies_us"}
-        return {**data, "requests": int(self.latencies_us.size), "ok": self.ok, "reason": self.reason}
+        return {
+            "model": self.model, "version": self.version, "exit_code": self.exit_code, "ok": self.ok,
+            "reason": self.reason, "seconds": round(self.seconds, 3), "requests": int(self.latencies_us.size),
+            "points": [asdict(p) for p in self.points], "stderr_tail": self.stderr_tail if not self.ok else "",
+        }  # fmt: skip
 
 
 def write_input_data(samples: Mapping[str, np.ndarray], path: Path, batched: bool, limit: int = 64) -> Path:
@@ -92,20 +113,26 @@ def write_input_data(samples: Mapping[str, np.ndarray], path: Path, batched: boo
     return path
 
 
-def parse_profile_export(path: Path) -> np.ndarray:
-    """Latencies (us) of the requests perf_analyzer sent inside its measured windows."""
+def parse_profile_export(path: Path) -> Requests:
+    """The requests of the measured windows, from perf_analyzer's --profile-export-file."""
     try:
         experiment = json.loads(path.read_text())["experiments"][-1]
     except (OSError, ValueError, KeyError, IndexError):
-        return np.empty(0)
+        return Requests.empty()
+    done = [r for r in experiment.get("requests", []) if r.get("response_timestamps")]
     bounds = experiment.get("window_boundaries") or []
-    start, end = (bounds[0], bounds[-1]) if len(bounds) >= 2 else (0, float("inf"))
-    latencies = [
-        (r["response_timestamps"][0] - r["timestamp"]) / 1000
-        for r in experiment.get("requests", [])
-        if r.get("response_timestamps") and start <= r["timestamp"] <= end
-    ]
-    return np.asarray(latencies, dtype=np.float64)
+    if len(bounds) >= 2:
+        start, end = int(bounds[0]), int(bounds[-1])
+    elif done:
+        start, end = min(r["timestamp"] for r in done), max(r["timestamp"] for r in done)
+    else:
+        return Requests.empty()
+    inside = [r for r in done if start <= r["timestamp"] <= end]
+    return Requests(
+        np.asarray([r["timestamp"] for r in inside], dtype=np.int64),
+        np.asarray([(r["response_timestamps"][0] - r["timestamp"]) / 1000 for r in inside], dtype=np.float64),
+        (start, end),
+    )
 
 
 def parse_csv(text: str) -> list[LoadPoint]:
@@ -145,6 +172,85 @@ class LoadSettings:
     protocol: str = "http"
 
 
+def _arguments(url: str, model: str, input_data: Path, load: LoadSettings, version: str, out: Path) -> list[str]:
+    args = [
+        "-m", model,
+        "-u", url,
+        "-i", load.protocol,
+        "-b", str(load.batch_size),
+        "--input-data", str(input_data),
+        "-p", str(load.window_ms),
+        "-s", str(load.stability_pct),
+        "-r", str(load.max_trials),
+        "-f", str(out / "perf.csv"),
+        "--profile-export-file", str(out / "profile.json"),
+        "--measurement-mode", "time_windows",
+    ]  # fmt: skip
+    if version:
+        args += ["-x", version]
+    if load.percentile:
+        args += ["--percentile", str(load.percentile)]
+    if load.request_rate:
+        args += ["--request-rate-range", str(load.request_rate)]
+    else:
+        args += ["--concurrency-range", str(load.concurrency)]
+    return args
+
+
+@dataclass(frozen=True)
+class Target:
+    """One model (and version) to measure."""
+
+    model: str
+    version: str = ""
+
+
+def measure_together(
+    url: str, targets: list[Target], input_data: Path, load: LoadSettings, timeout: float = 300.0
+) -> list[PerfRun]:
+    """Start one perf_analyzer per target at the same moment, each at the full `load`, and wait for all.
+
+    Run together, they see the same seconds of the machine: the gate's duet design."""
+    tool = find_perf_analyzer()
+    with tempfile.TemporaryDirectory(prefix="tritonship-perf-") as tmp:
+        outs = [Path(tmp) / str(i) for i in range(len(targets))]
+        started = time.monotonic()
+        procs = []
+        for target, out in zip(targets, outs, strict=True):
+            out.mkdir()
+            procs.append(tool.start(_arguments(url, target.model, input_data, load, target.version, out)))
+        results = []
+        for proc in procs:
+            try:
+                remaining = max(1.0, timeout - (time.monotonic() - started))
+                stdout, _ = proc.communicate(timeout=remaining)
+                results.append((proc.returncode, stdout, time.monotonic() - started))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                results.append((-1, f"perf_analyzer did not finish within {timeout:.0f} s", time.monotonic() - started))
+        runs = []
+        for target, out, (exit_code, output, seconds) in zip(targets, outs, results, strict=True):
+            csv_text = (out / "perf.csv").read_text() if (out / "perf.csv").exists() else ""
+            run = PerfRun(
+                model=target.model,
+                version=target.version,
+                exit_code=exit_code,
+                points=parse_csv(csv_text) if csv_text else [],
+                csv_text=csv_text,
+                stderr_tail="\n".join(output.strip().splitlines()[-15:]),
+                seconds=seconds,
+                requests=parse_profile_export(out / "profile.json") if exit_code == 0 else Requests.empty(),
+            )
+            log.event(
+                LOG, "perf_analyzer", model=target.model, version=target.version or "latest", exit=exit_code,
+                seconds=f"{seconds:.1f}", requests=run.latencies_us.size,
+                throughput=run.points[0].throughput if run.points else None,
+            )  # fmt: skip
+            runs.append(run)
+    return runs
+
+
 def measure(
     url: str,
     model: str,
@@ -154,57 +260,4 @@ def measure(
     timeout: float = 300.0,
 ) -> PerfRun:
     """Run perf_analyzer once against `model` on the server at `url` (host:port)."""
-    tool = find_perf_analyzer()
-    with tempfile.TemporaryDirectory(prefix="tritonship-perf-") as tmp:
-        csv_path = Path(tmp) / "perf.csv"
-        args = [
-            "-m", model,
-            "-u", url,
-            "-i", load.protocol,
-            "-b", str(load.batch_size),
-            "--input-data", str(input_data),
-            "-p", str(load.window_ms),
-            "-s", str(load.stability_pct),
-            "-r", str(load.max_trials),
-            "-f", str(csv_path),
-            "--profile-export-file", str(Path(tmp) / "profile.json"),
-            "--measurement-mode", "time_windows",
-        ]  # fmt: skip
-        if version:
-            args += ["-x", version]
-        if load.percentile:
-            args += ["--percentile", str(load.percentile)]
-        if load.request_rate:
-            args += ["--request-rate-range", str(load.request_rate)]
-        else:
-            args += ["--concurrency-range", str(load.concurrency)]
-        started = time.monotonic()
-        try:
-            proc = tool.run(args, timeout=timeout)
-            exit_code, stderr = proc.returncode, (proc.stdout + proc.stderr)
-        except subprocess.TimeoutExpired:
-            exit_code, stderr = -1, f"perf_analyzer did not finish within {timeout:.0f} s"
-        seconds = time.monotonic() - started
-        csv_text = csv_path.read_text() if csv_path.exists() else ""
-        latencies = parse_profile_export(Path(tmp) / "profile.json") if exit_code == 0 else np.empty(0)
-    run = PerfRun(
-        model=model,
-        version=version,
-        exit_code=exit_code,
-        points=parse_csv(csv_text) if csv_text else [],
-        csv_text=csv_text,
-        stderr_tail="\n".join(stderr.strip().splitlines()[-15:]),
-        seconds=seconds,
-        latencies_us=latencies,
-    )
-    log.event(
-        LOG,
-        "perf_analyzer",
-        model=model,
-        version=version or "latest",
-        exit=exit_code,
-        seconds=f"{seconds:.1f}",
-        throughput=run.points[0].throughput if run.points else None,
-        p99_us=run.points[0].p99_us if run.points else None,
-    )
-    return run
+    return measure_together(url, [Target(model, version)], input_data, load, timeout)[0]

@@ -1,4 +1,4 @@
-"""The gate report: Markdown and HTML (with a latency-throughput plot) of a gate result."""
+"""The gate report: Markdown and HTML (with each limit's interval plotted against the limit) of a gate result."""
 
 from __future__ import annotations
 
@@ -8,27 +8,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from components.gate import Figures, GateResult
+    from components.gate import GateResult
 
-PLOT_FILE = "latency_throughput.png"
+PLOT_FILE = "limits.png"
 
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def rows(result: GateResult) -> list[tuple[str, str, str, str, str]]:
-    """(what, round, throughput, p50, p99) rows for both models."""
+def rows(result: GateResult) -> list[tuple[str, str, str, str, str, str]]:
+    """(model, rounds, requests, infer/s, p50, p99) for both models, over every round pooled."""
     out = []
-    for label, figures in (("candidate", result.candidate), ("stable", result.stable)):
-        for i, (tp, p50, p99) in enumerate(zip(figures.throughput, figures.p50_ms, figures.p99_ms, strict=True)):
-            out.append((label, str(i + 1), f"{tp:,.0f}", f"{p50:.3f}", f"{p99:.3f}"))
-        if figures.throughput:
-            total = figures.summary()  # throughput: median of the rounds; latencies: all requests pooled
-            out.append(
-                (label, "all", f"{total['throughput']:,.0f}", f"{total['p50_ms']:.3f}", f"{total['p99_ms']:.3f}")
-            )
+    for label, rounds in (("candidate", result.candidate), ("stable", result.stable)):
+        if len(rounds):
+            t = rounds.summary()
+            out.append((label, str(t["rounds"]), f"{t['requests']:,}", _fmt(t["throughput"], ",.0f"),
+                        _fmt(t["p50_ms"], ".3f"), _fmt(t["p99_ms"], ".3f")))  # fmt: skip
     return out
+
+
+SUMMARY_HEADER = ("model", "rounds", "requests", "infer/s", "p50 ms", "p99 ms")
 
 
 TUNING_HEADER = ("instances", "max batch", "queue delay µs", "preferred", "infer/s", "p99 ms", "")
@@ -69,61 +69,73 @@ def tuning_markdown(t: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def how_measured(result: GateResult) -> str:
+    settings = result.settings
+    load = (
+        f"request rate {settings['request_rate']}/s"
+        if settings.get("request_rate")
+        else f"concurrency {settings.get('concurrency')}"
+    )
+    attempts = len({(a["round"], a["attempt"]) for a in result.attempts})
+    return (
+        f"{settings.get('design', '?')} design, {load}, windows of {settings.get('window_ms')} ms; "
+        f"{result.rounds} rounds ({attempts} perf_analyzer attempts), {result.measurement_seconds:.1f} s of "
+        f"measurement; {result.stopped or 'not measured'}."
+    )
+
+
 def markdown(result: GateResult) -> str:
     stable = f"v{result.stable_version}" if result.stable_version is not None else "none (first release)"
-    load = result.settings.get("load", {})
     lines = [
         f"# Gate: {result.model} v{result.version} — **{result.verdict.upper()}**",
         "",
-        f"Stable: {stable}. Load: concurrency {load.get('concurrency')}"
-        f"{', request rate ' + str(load.get('request_rate')) if load.get('request_rate') else ''}, "
-        f"window {load.get('window_ms')} ms, {result.settings.get('rounds')} rounds, "
-        f"{result.measurement_seconds:.1f} s of measurement.",
+        f"Stable: {stable}. {how_measured(result)}",
         "",
         *[f"- {reason}" for reason in result.reasons],
+    ]
+    if result.effects:
+        lines += ["", f"| limit | estimate [{result.settings.get('confidence', 0.9):.0%} interval] | status |",
+                  "| --- | --- | --- |"]  # fmt: skip
+        lines += [f"| {e.name} | {e.describe().rsplit(': ', 1)[0]} | {e.status} |" for e in result.effects]
+    lines += [
         "",
-        f"p99 regression: {_fmt(result.p99_regression_pct, '+.1f')}% · throughput drop: "
-        f"{_fmt(result.throughput_regression_pct, '.1f')}% · round spread: {_fmt(result.noise_pct, '.1f')}%",
-        "",
-        "| model | round | infer/s | p50 ms | p99 ms |",
-        "| --- | --- | ---: | ---: | ---: |",
+        f"| {' | '.join(SUMMARY_HEADER)} |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
         *[f"| {' | '.join(row)} |" for row in rows(result)],
-        "",
-        f"Thresholds: {result.settings.get('thresholds')}",
         *tuning_markdown(result.tuning),
     ]
     return "\n".join(lines) + "\n"
 
 
 def plot(result: GateResult, path: Path) -> bool:
-    """Latency against throughput for every round of both models; False when there is nothing to plot."""
-    if not result.candidate.throughput:
+    """Each limit's interval against the limit; False when there is nothing to plot."""
+    if not result.effects:
         return False
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
-    series: list[tuple[str, Figures, str]] = [
-        (f"candidate v{result.version}", result.candidate, "tab:orange"),
-        (f"stable v{result.stable_version}", result.stable, "tab:blue"),
-    ]
-    for label, figures, color in series:
-        if not figures.throughput:
-            continue
-        ax.scatter(figures.throughput, figures.p99_ms, color=color, label=f"{label} p99 per round", marker="o")
-        ax.scatter(
-            figures.throughput, figures.p50_ms, color=color, label=f"{label} p50 per round", marker="x", alpha=0.7
-        )
-        summary = figures.summary()
-        ax.scatter([summary["throughput"]], [summary["p99_ms"]], color=color, marker="*", s=220, edgecolor="black",
-                   label=f"{label} p99, all rounds")  # fmt: skip
-    ax.set_xlabel("throughput (inferences/s)")
-    ax.set_ylabel("latency (ms)")
-    ax.set_title(f"{result.model} v{result.version}: {result.verdict}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(len(result.effects), 1, figsize=(6.4, 1.3 + 1.1 * len(result.effects)), dpi=110,
+                             squeeze=False)  # fmt: skip
+    for ax, effect in zip(axes[:, 0], result.effects, strict=True):
+        scale = 100 if effect.unit == "%" else 1
+        est, low, high, limit = (v * scale for v in (effect.estimate, effect.low, effect.high, effect.limit))
+        colour = {"within": "tab:green", "beyond": "tab:red"}.get(effect.status, "tab:orange")
+        ax.errorbar([est], [0], xerr=[[est - low], [high - est]], fmt="o", color=colour, capsize=6, lw=2)
+        ax.axvline(limit, color="black", ls="--", lw=1)
+        span = max(abs(high - low), abs(limit - est), 1e-9)
+        left, right = min(low, limit) - 0.3 * span, max(high, limit) + 0.3 * span
+        bad = (limit, right) if effect.higher_is_worse else (left, limit)
+        ax.axvspan(*bad, color="tab:red", alpha=0.08)
+        ax.set_xlim(left, right)
+        ax.set_yticks([])
+        unit = "%" if effect.unit == "%" else f" {effect.unit}"
+        ax.set_title(f"{effect.name}: {est:+.1f}{unit} [{low:+.1f}, {high:+.1f}], limit {limit:+g}{unit} — {effect.status}"
+                     if effect.unit == "%" else
+                     f"{effect.name}: {est:,.2f}{unit} [{low:,.2f}, {high:,.2f}], limit {limit:g}{unit} — {effect.status}",
+                     fontsize=9)  # fmt: skip
+    fig.suptitle(f"{result.model} v{result.version}: {result.verdict} ({result.rounds} rounds)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -134,8 +146,10 @@ def html_page(result: GateResult, png: Path | None) -> str:
     image = ""
     if png is not None and png.exists():
         encoded = base64.b64encode(png.read_bytes()).decode()
-        image = f'<img alt="latency against throughput" src="data:image/png;base64,{encoded}">'
+        image = f'<img alt="the interval of each limit against the limit" src="data:image/png;base64,{encoded}">'
     table = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows(result))
+    header = "".join(f"<th>{html.escape(h)}</th>" for h in SUMMARY_HEADER)
+    effects = "".join(f"<li>{html.escape(e.describe())}</li>" for e in result.effects)
     reasons = "".join(f"<li>{html.escape(r)}</li>" for r in result.reasons)
     tuning = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in tuning_rows(result.tuning)
@@ -150,9 +164,8 @@ def html_page(result: GateResult, png: Path | None) -> str:
         "</style></head><body>"
         f"<h1>{html.escape(result.model)} v{result.version}: "
         f"<span style='color:{colour}'>{result.verdict.upper()}</span></h1>"
-        f"<ul>{reasons}</ul>{image}"
-        "<table><tr><th>model</th><th>round</th><th>infer/s</th><th>p50 ms</th><th>p99 ms</th></tr>"
-        f"{table}</table>{tuning}</body></html>"
+        f"<p>{html.escape(how_measured(result))}</p><ul>{reasons}</ul>{image}<ul>{effects}</ul>"
+        f"<table><tr>{header}</tr>{table}</table>{tuning}</body></html>"
     )
 
 

@@ -26,9 +26,10 @@ class PerfAnalyzerTool:
     path: Path
     env: dict[str, str]
 
-    def run(self, args: Sequence[str], timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(self.path), *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+    def start(self, args: Sequence[str]) -> subprocess.Popen[str]:
+        """Start perf_analyzer; its stdout and stderr come back together from communicate()."""
+        return subprocess.Popen(
+            [str(self.path), *args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
 
 

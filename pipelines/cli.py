@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from components import gate as gate_defaults
 from components import log
 from components.errors import TritonshipError
 
@@ -154,6 +155,28 @@ def compile_cmd(
 
 def out_console_line(text: str) -> None:
     out.print(text, highlight=False, markup=False)
+
+
+def read_text(path: Path, what: str) -> str:
+    """A file argument's text, or one sentence saying why it cannot be read."""
+    if path.is_dir():
+        raise TritonshipError(f"the {what} {path} is a directory; give the file inside it.")
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise TritonshipError(f"the {what} {path} does not exist; check the path.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TritonshipError(f"the {what} {path} cannot be read ({exc.__class__.__name__}); check the file.") from None
+
+
+def gate_settings(**flat: Any) -> Any:
+    """GateSettings from the CLI's flat options, with a plain error for values it refuses."""
+    from components.gate import GateSettings
+
+    try:
+        return GateSettings.from_flat(**flat)
+    except ValueError as exc:
+        raise TritonshipError(f"{exc}.") from None
 
 
 # ------------------------------------------------------------------------------- publish / repository
@@ -370,7 +393,9 @@ def tune_cmd(
     version: VersionOption,
     gate: GateOption,
     out_file: Annotated[Path, typer.Option("--out", help="write the tuning result (JSON) here")],
-    concurrency: Annotated[int, typer.Option(help="perf_analyzer concurrency (use the gate's)")] = 4,
+    concurrency: Annotated[
+        int, typer.Option(help="perf_analyzer concurrency (use the gate's)")
+    ] = gate_defaults.DEFAULT_CONCURRENCY,
     window_ms: Annotated[int, typer.Option(help="perf_analyzer measurement window")] = 1000,
     stability_pct: Annotated[float, typer.Option(help="perf_analyzer stability threshold")] = 20.0,
     max_p99_ms: Annotated[
@@ -411,48 +436,48 @@ def gate_cmd(
     gate: GateOption,
     out: Annotated[Path, typer.Option(help="folder for verdict.json, report.md/html, the plot and raw CSVs")],
     stage_result: Annotated[Path | None, typer.Option(help="the stage result JSON (its accuracy check counts)")] = None,
-    concurrency: Annotated[int, typer.Option(help="perf_analyzer concurrency")] = 1,
-    request_rate: Annotated[float | None, typer.Option(help="fixed request rate instead of concurrency")] = None,
-    rounds: Annotated[int, typer.Option(help="alternating candidate/stable rounds")] = 5,
-    window_ms: Annotated[int, typer.Option(help="perf_analyzer measurement window")] = 1000,
-    stability_pct: Annotated[float, typer.Option(help="perf_analyzer stability threshold")] = 20.0,
+    concurrency: Annotated[
+        int, typer.Option(help="perf_analyzer concurrency, per model")
+    ] = gate_defaults.DEFAULT_CONCURRENCY,
+    request_rate: Annotated[
+        float | None, typer.Option(help="fixed request rate per model instead of concurrency")
+    ] = None,
+    window_ms: Annotated[int, typer.Option(help="length of one measured window")] = gate_defaults.DEFAULT_WINDOW_MS,
+    design: Annotated[str, typer.Option(help="duet (both models at once) or alternating")] = "duet",
+    min_rounds: Annotated[
+        int, typer.Option(help="rounds measured before any decision")
+    ] = gate_defaults.DEFAULT_MIN_ROUNDS,
+    budget_s: Annotated[
+        float, typer.Option(help="measuring time after which an undecided gate is inconclusive")
+    ] = gate_defaults.DEFAULT_BUDGET_S,
     max_p99_ms: Annotated[float | None, typer.Option(help="absolute limit on candidate p99 latency")] = None,
     min_throughput: Annotated[float | None, typer.Option(help="absolute limit on candidate inferences/s")] = None,
-    max_p99_regression_pct: Annotated[float | None, typer.Option(help="limit relative to stable")] = 10.0,
-    max_throughput_regression_pct: Annotated[float | None, typer.Option(help="limit relative to stable")] = 10.0,
-    max_noise_pct: Annotated[float, typer.Option(help="a wider 90% interval of the ratios is inconclusive")] = 40.0,
+    max_p99_regression_pct: Annotated[
+        float, typer.Option(help="limit relative to stable; 0 switches it off")
+    ] = gate_defaults.DEFAULT_MAX_REGRESSION_PCT,
+    max_throughput_regression_pct: Annotated[
+        float, typer.Option(help="limit relative to stable; 0 switches it off")
+    ] = gate_defaults.DEFAULT_MAX_REGRESSION_PCT,
     tuning: TuningOption = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Measure candidate against stable with perf_analyzer and decide pass / fail / inconclusive. Exit 0 only on pass."""
     from components import gate as gate_step
-    from components.perf import LoadSettings
     from components.stage import StageResult
     from components.tune import TuneResult
 
-    settings = gate_step.GateSettings(
-        load=LoadSettings(
-            concurrency=concurrency, request_rate=request_rate, window_ms=window_ms, stability_pct=stability_pct
-        ),
-        thresholds=gate_step.Thresholds(
-            max_p99_ms, min_throughput, max_p99_regression_pct, max_throughput_regression_pct
-        ),
-        rounds=rounds,
-        max_noise_pct=max_noise_pct,
-    )
-    staged = StageResult.from_json(stage_result.read_text()) if stage_result else None
-    with console.status(f"measuring {model} v{version} against stable ({rounds} rounds)"):
+    settings = gate_settings(
+        concurrency=concurrency, request_rate=request_rate, window_ms=window_ms, design=design, min_rounds=min_rounds,
+        budget_s=budget_s, max_p99_ms=max_p99_ms, min_throughput=min_throughput,
+        max_p99_regression_pct=max_p99_regression_pct, max_throughput_regression_pct=max_throughput_regression_pct,
+    )  # fmt: skip
+    staged = StageResult.from_json(read_text(stage_result, "stage result")) if stage_result else None
+    tuned = TuneResult.from_json(read_text(tuning, "tuning result")) if tuning else None
+    with console.status(f"measuring {model} v{version} against stable (at most {budget_s:g} s)"):
         result = gate_step.gate(
-            repository,
-            model,
-            version,
-            _one_server(gate),
-            settings,
-            staged,
-            out,
-            s3=s3_settings(s3_endpoint),
-            tuning=TuneResult.from_json(tuning.read_text()) if tuning else None,
-        )
+            repository, model, version, _one_server(gate), settings, staged, out, s3=s3_settings(s3_endpoint),
+            tuning=tuned,
+        )  # fmt: skip
     if (out / "report.md").exists():
         out_console_line((out / "report.md").read_text())
     out_console_line(f"verdict: {result.verdict}")

@@ -42,7 +42,6 @@ def demo_parameters(stack: EmbeddedStack, model_source: str) -> dict[str, Any]:
         "s3_endpoint": stack.s3.endpoint_url,
         "replicas": ",".join(s.http_url for s in stack.replicas),
         "gate": stack.gate.http_url,
-        "concurrency": 1,  # the gate's defaults otherwise (tuned by benchmarks/gate_quality.py)
         "max_p99_ms": 50.0,
         # at concurrency 1 batching cannot help: the default twice and two other settings show the step
         # (benchmarks/tuning.py measures it at a load where it pays)

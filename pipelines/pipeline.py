@@ -11,6 +11,7 @@ from typing import NamedTuple
 from kfp import dsl, kubernetes
 from kfp.dsl import HTML, Input, Markdown, Metrics, Model, Output
 
+from components import gate as gate_defaults
 from pipelines.images import image
 
 AWS_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
@@ -125,7 +126,6 @@ def tune_op(
     budget: int,
     concurrency: int,
     window_ms: int,
-    stability_pct: float,
     max_p99_ms: float,
     report: Output[Markdown],
 ) -> str:
@@ -143,7 +143,7 @@ def tune_op(
 
     staged = StageResult.from_json(stage_result)
     settings = TuneSettings(
-        load=LoadSettings(concurrency=concurrency, window_ms=window_ms, stability_pct=stability_pct),
+        load=LoadSettings(concurrency=concurrency, window_ms=window_ms),
         max_p99_ms=max_p99_ms if max_p99_ms > 0 else None,
         budget=budget,
     )
@@ -167,45 +167,35 @@ def gate_op(
     s3_endpoint: str,
     run_id: str,
     concurrency: int,
-    rounds: int,
     window_ms: int,
-    stability_pct: float,
+    design: str,
+    min_rounds: int,
+    budget_s: float,
     max_p99_ms: float,
     min_throughput: float,
     max_p99_regression_pct: float,
     max_throughput_regression_pct: float,
-    max_noise_pct: float,
     metrics: Output[Metrics],
     report: Output[Markdown],
     report_html: Output[HTML],
 ) -> NamedTuple("Gated", [("verdict", str), ("verdict_json", str)]):
-    """perf_analyzer A/B rounds against stable and the verdict; limits <= 0 are off."""
+    """perf_analyzer rounds against stable until the limits decide, and the verdict; limits of 0 are off."""
     import tempfile
     from collections import namedtuple
     from pathlib import Path
 
-    from components.gate import GateSettings, Thresholds
+    from components.gate import GateSettings
     from components.gate import gate as run_gate
-    from components.perf import LoadSettings
     from components.replicas import resolve
     from components.s3repo import S3Settings
     from components.stage import StageResult
     from components.tune import TuneResult
 
-    def limit(value: float):
-        return value if value > 0 else None
-
-    settings = GateSettings(
-        load=LoadSettings(concurrency=concurrency, window_ms=window_ms, stability_pct=stability_pct),
-        thresholds=Thresholds(
-            limit(max_p99_ms),
-            limit(min_throughput),
-            limit(max_p99_regression_pct),
-            limit(max_throughput_regression_pct),
-        ),
-        rounds=rounds,
-        max_noise_pct=max_noise_pct,
-    )
+    settings = GateSettings.from_flat(
+        concurrency=concurrency, window_ms=window_ms, design=design, min_rounds=min_rounds, budget_s=budget_s,
+        max_p99_ms=max_p99_ms, min_throughput=min_throughput, max_p99_regression_pct=max_p99_regression_pct,
+        max_throughput_regression_pct=max_throughput_regression_pct,
+    )  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         result = run_gate(
             repository, model_name, int(version), resolve(gate)[0].url, settings,
@@ -218,7 +208,7 @@ def gate_op(
         for key, value in figures.items():
             if value is not None:
                 metrics.log_metric(f"{prefix}_{key}", round(value, 4))
-    for key in ("p99_regression_pct", "throughput_regression_pct", "noise_pct", "measurement_seconds"):
+    for key in ("p99_regression_pct", "throughput_regression_pct", "measurement_seconds", "rounds"):
         if getattr(result, key) is not None:
             metrics.log_metric(key, round(getattr(result, key), 3))
     metrics.log_metric("passed", 1.0 if result.verdict == "pass" else 0.0)
@@ -286,14 +276,14 @@ def release_steps(
     replicas: str,
     gate: str,
     concurrency: int,
-    rounds: int,
     window_ms: int,
-    stability_pct: float,
+    design: str,
+    min_rounds: int,
+    budget_s: float,
     max_p99_ms: float,
     min_throughput: float,
     max_p99_regression_pct: float,
     max_throughput_regression_pct: float,
-    max_noise_pct: float,
     tune: bool,
     tune_budget: int,
 ):
@@ -318,17 +308,17 @@ def release_steps(
             tune_op(
                 repository=repository, model_name=model_name, version=version, gate=gate, stage_result=staged.output,
                 s3_endpoint=s3_endpoint, run_id=run_id, enabled=tune, budget=tune_budget, concurrency=concurrency,
-                window_ms=window_ms, stability_pct=stability_pct, max_p99_ms=max_p99_ms,
+                window_ms=window_ms, max_p99_ms=max_p99_ms,
             ),
             aws_secret_name,
         )  # fmt: skip
         gated = _with_s3_secret(
             gate_op(
                 repository=repository, model_name=model_name, version=version, gate=gate, stage_result=staged.output,
-                tuning_json=tuned.outputs["Output"], s3_endpoint=s3_endpoint, run_id=run_id, concurrency=concurrency, rounds=rounds, window_ms=window_ms,
-                stability_pct=stability_pct, max_p99_ms=max_p99_ms, min_throughput=min_throughput,
-                max_p99_regression_pct=max_p99_regression_pct,
-                max_throughput_regression_pct=max_throughput_regression_pct, max_noise_pct=max_noise_pct,
+                tuning_json=tuned.outputs["Output"], s3_endpoint=s3_endpoint, run_id=run_id, concurrency=concurrency,
+                window_ms=window_ms, design=design, min_rounds=min_rounds, budget_s=budget_s, max_p99_ms=max_p99_ms,
+                min_throughput=min_throughput, max_p99_regression_pct=max_p99_regression_pct,
+                max_throughput_regression_pct=max_throughput_regression_pct,
             ),
             aws_secret_name,
         )  # fmt: skip
@@ -383,15 +373,15 @@ def release_pipeline(
     aws_secret_name: str = "tritonship-s3",
     replicas: str = "k8s://triton/app.kubernetes.io/component=production",
     gate: str = "k8s://triton/app.kubernetes.io/component=gate",
-    concurrency: int = 4,
-    rounds: int = 5,
-    window_ms: int = 1000,
-    stability_pct: float = 20.0,
+    concurrency: int = gate_defaults.DEFAULT_CONCURRENCY,
+    window_ms: int = gate_defaults.DEFAULT_WINDOW_MS,
+    design: str = "duet",
+    min_rounds: int = gate_defaults.DEFAULT_MIN_ROUNDS,
+    budget_s: float = gate_defaults.DEFAULT_BUDGET_S,
     max_p99_ms: float = 0.0,
     min_throughput: float = 0.0,
-    max_p99_regression_pct: float = 10.0,
-    max_throughput_regression_pct: float = 10.0,
-    max_noise_pct: float = 40.0,
+    max_p99_regression_pct: float = gate_defaults.DEFAULT_MAX_REGRESSION_PCT,
+    max_throughput_regression_pct: float = gate_defaults.DEFAULT_MAX_REGRESSION_PCT,
     tune: bool = True,
     tune_budget: int = 16,
 ):
@@ -403,8 +393,8 @@ def release_pipeline(
                              gpu_node_selector, gpu_tolerations)  # fmt: skip
     release_steps(
         compiled=compiled.outputs["compiled"], model_name=model_name, repository=repository, s3_endpoint=s3_endpoint,
-        aws_secret_name=aws_secret_name, replicas=replicas, gate=gate, concurrency=concurrency, rounds=rounds,
-        window_ms=window_ms, stability_pct=stability_pct, max_p99_ms=max_p99_ms, min_throughput=min_throughput,
+        aws_secret_name=aws_secret_name, replicas=replicas, gate=gate, concurrency=concurrency, window_ms=window_ms,
+        design=design, min_rounds=min_rounds, budget_s=budget_s, max_p99_ms=max_p99_ms, min_throughput=min_throughput,
         max_p99_regression_pct=max_p99_regression_pct, max_throughput_regression_pct=max_throughput_regression_pct,
-        max_noise_pct=max_noise_pct, tune=tune, tune_budget=tune_budget,
+        tune=tune, tune_budget=tune_budget,
     )  # fmt: skip

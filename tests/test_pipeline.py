@@ -69,12 +69,12 @@ def test_compiling_with_credentials_in_the_environment_leaks_none_of_them(tmp_pa
 
 
 def test_parameters_are_typed_like_the_pipeline_and_cron_has_six_fields():
-    params = parse_parameters(["rounds=5", "max_p99_ms=12", "gpu_node_selector={pool: gpu}", "model_name=0123"])
-    assert params == {"rounds": 5, "max_p99_ms": 12.0, "gpu_node_selector": {"pool": "gpu"}, "model_name": "0123"}
+    params = parse_parameters(["min_rounds=5", "max_p99_ms=12", "gpu_node_selector={pool: gpu}", "model_name=0123"])
+    assert params == {"min_rounds": 5, "max_p99_ms": 12.0, "gpu_node_selector": {"pool": "gpu"}, "model_name": "0123"}
     with pytest.raises(TritonshipError, match="no parameter 'nope'"):
         parse_parameters(["nope=1"])
     with pytest.raises(TritonshipError, match="takes a int"):
-        parse_parameters(["rounds=many"])
+        parse_parameters(["min_rounds=many"])
     assert validate_cron("0 0 3 * * *")
     with pytest.raises(TritonshipError, match="KFP takes 6, seconds first"):
         validate_cron("0 3 * * *")

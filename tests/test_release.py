@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.gate import Figures, GateResult, GateSettings, Thresholds, evaluate, gate
-from components.perf import LoadPoint
+from components.gate import gate
 from components.promote import PromotionError, promote, reject
 from components.repository import ModelRepository, candidate_name
 from components.triton_admin import TritonAdmin
@@ -82,7 +81,7 @@ def test_slow_candidate_fails_the_gate_is_rejected_and_stable_keeps_serving(tmp_
         version, staged, verdict = stage_and_gate(stack, slow)
         assert staged.accuracy_passed
         assert verdict.verdict == "fail", verdict.reasons
-        assert any("p99 latency regressed" in r or "throughput dropped" in r for r in verdict.reasons)
+        assert any(r.startswith(("p99 +", "throughput -")) and r.endswith(": beyond") for r in verdict.reasons)
         reject(repository(stack), name, version, verdict.verdict, verdict.reasons, stack.gate.http_url, s3=stack.s3)
     assert client.failures == [] and set(client.versions) == {1}
     assert _served(stack, name) == [1, 1]
@@ -101,7 +100,7 @@ def test_candidate_with_wrong_answers_fails_the_accuracy_gate(tmp_path, stack):
     assert not staged.accuracy_passed and not all(r.passed for r in staged.accuracy)
     assert verdict.verdict == "fail"
     assert verdict.reasons[0].startswith("the accuracy check failed for output(s) y")
-    assert verdict.candidate.throughput == []  # not even measured
+    assert len(verdict.candidate) == 0 and verdict.attempts == []  # not even measured
     with pytest.raises(PromotionError, match="verdict is 'fail'"):
         promote(repository(stack), name, version, replicas(stack), verdict.verdict, s3=stack.s3)
     assert _served(stack, name) == [1, 1]
@@ -183,44 +182,6 @@ def test_unreachable_gate_server_makes_the_verdict_fail(tmp_path, stack):
     assert verdict.verdict == "fail" and "did not answer" in verdict.reasons[0]
     events = ModelRepository(repository(stack), stack.s3).history(name)
     assert events[-1]["event"] == "gate" and events[-1]["verdict"] == "fail"
-
-
-def _result(cand: list[tuple[float, float]], stable: list[tuple[float, float]] | None) -> GateResult:
-    """Figures from given per-round numbers; each round's requests all take its p99 (synthetic, exact)."""
-
-    def figures(rows):
-        f = Figures()
-        for tp, p99 in rows or []:
-            f.add(LoadPoint(1, tp, p99 * 500, p99 * 900, p99 * 950, p99 * 1000, 0, 0), np.full(1000, p99 * 1000))
-        return f
-
-    return GateResult("m", 2, 1 if stable else None, "inconclusive", [], figures(cand), figures(stable))
-
-
-@pytest.mark.parametrize(
-    ("cand", "stable", "thresholds", "verdict", "reason"),
-    [
-        ([(1000, 1.0)] * 3, [(1000, 1.0)] * 3, Thresholds(), "pass", "every limit"),
-        ([(1000, 1.3)] * 3, [(1000, 1.0)] * 3, Thresholds(), "fail", "p99 latency regressed +30.0%"),
-        ([(800, 1.0)] * 3, [(1000, 1.0)] * 3, Thresholds(), "fail", "throughput dropped 20.0%"),
-        (
-            [(1000, 1.0), (1000, 1.5), (1000, 0.8)],
-            [(1000, 1.0)] * 3,
-            Thresholds(max_p99_regression_pct=60),
-            "inconclusive",
-            "disagree",
-        ),
-        ([(1000, 1.0)] * 3, None, Thresholds(), "inconclusive", "no limit applies"),
-        ([(1000, 5.0)] * 3, None, Thresholds(max_p99_ms=2), "fail", "exceeds the limit of 2 ms"),
-        ([(90, 1.0)] * 3, None, Thresholds(min_throughput=100), "fail", "below the limit of 100/s"),
-        ([(1000, 1.0)] * 3, None, Thresholds(max_p99_ms=2), "pass", "every limit"),
-    ],
-)
-def test_verdict_rules(cand, stable, thresholds, verdict, reason):
-    result = _result(cand, stable)
-    evaluate(result, GateSettings(thresholds=thresholds, max_noise_pct=20))
-    assert result.verdict == verdict
-    assert any(reason in r for r in result.reasons), result.reasons
 
 
 def test_cli_gate_exit_code_and_promote_refuses_a_failed_verdict(tmp_path, stack):

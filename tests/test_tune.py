@@ -181,9 +181,7 @@ def test_the_gate_report_and_history_carry_the_tuning_table(tmp_path, stack):
     small = TuneSettings(load=perf.LoadSettings(concurrency=2, window_ms=500, stability_pct=50),
                          instance_counts=(1,), queue_delays_us=(0, 1000), budget=3)  # fmt: skip
     tuned = tune(repository(stack), name, version, stack.gate.http_url, small, s3=stack.s3)
-    first = dataclasses.replace(
-        TEST_GATE, thresholds=dataclasses.replace(TEST_GATE.thresholds, max_p99_ms=1000), rounds=1
-    )
+    first = dataclasses.replace(TEST_GATE, thresholds=dataclasses.replace(TEST_GATE.thresholds, max_p99_ms=1000))
     gate(repository(stack), name, version, stack.gate.http_url, first, staged, tmp_path / "g", s3=stack.s3,
                   tuning=tuned)  # fmt: skip
     report = (tmp_path / "g" / "report.md").read_text()

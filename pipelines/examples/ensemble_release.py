@@ -17,7 +17,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from components import perf
 from components.gate import GateSettings, Thresholds, gate
 from components.promote import promote, reject
 from components.publish import publish
@@ -28,10 +27,8 @@ from components.triton_admin import TritonAdmin
 from pipelines.samples import recsys
 from pipelines.stack import EmbeddedStack
 
-LOAD = perf.LoadSettings(concurrency=1, window_ms=1000, stability_pct=25)
-FIRST = GateSettings(load=LOAD, thresholds=Thresholds(max_p99_ms=200), rounds=1)
-NEXT = GateSettings(load=LOAD, thresholds=Thresholds(max_p99_regression_pct=25, max_throughput_regression_pct=25),
-                    rounds=3, max_noise_pct=50)  # fmt: skip
+FIRST = GateSettings(thresholds=Thresholds(max_p99_ms=200))
+NEXT = GateSettings()
 
 
 def main() -> None:

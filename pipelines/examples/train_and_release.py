@@ -55,9 +55,9 @@ def train_and_release(
     )  # fmt: skip
     release_steps(
         compiled=compiled.outputs["compiled"], model_name=model_name, repository=repository, s3_endpoint=s3_endpoint,
-        aws_secret_name=aws_secret_name, replicas=replicas, gate=gate, concurrency=1, rounds=1, window_ms=1000,
-        stability_pct=25.0, max_p99_ms=max_p99_ms, min_throughput=0.0, max_p99_regression_pct=20.0,
-        max_throughput_regression_pct=20.0, max_noise_pct=50.0, tune=False, tune_budget=0,
+        aws_secret_name=aws_secret_name, replicas=replicas, gate=gate, concurrency=1, window_ms=1000,
+        design="duet", min_rounds=4, budget_s=90.0, max_p99_ms=max_p99_ms, min_throughput=0.0,
+        max_p99_regression_pct=10.0, max_throughput_regression_pct=10.0, tune=False, tune_budget=0,
     )  # fmt: skip
 
 
