@@ -5,9 +5,12 @@ Targets:
   for Triton's PyTorch backend. Needs CUDA and torch_tensorrt (the compile image).
 - `torchscript`: traced and frozen TorchScript on CPU or CUDA; fp16 on CUDA.
 
-The compiled file is loaded back from disk and run on the golden inputs (and at batch 1, which
-catches a batch size baked in by tracing); every output is compared with the eager fp32 reference.
-A mismatch stops the step with a table of what failed and writes nothing.
+The torchscript target starts from the eager module's trace that the export step made beside a
+torch.export artifact (components/export.py says why), else from the exported model itself.
+The compiled file is loaded back from disk and run on the golden inputs and at every shape the export
+step recorded (batch 1, an odd batch, max_batch_size, two sizes of each dynamic dimension), which
+catches sizes baked in by tracing; every output is compared with the eager fp32 reference. A mismatch
+or a failed run stops the step, says which shape failed and why, and writes nothing.
 """
 
 from __future__ import annotations
@@ -164,10 +167,12 @@ def check_parity(path: Path, exported: ExportedModel, device: str, tol: Toleranc
     """Load the compiled file back and compare its outputs with the eager fp32 reference."""
     compiled = torch.jit.load(str(path), map_location=device).eval()
     signature = exported.signature
-    checks = [("golden", exported.golden_inputs, exported.golden_outputs)]
-    if signature.batch and len(next(iter(exported.golden_inputs.values()))) > 1:
-        first = {k: v[:1] for k, v in exported.golden_inputs.items()}
-        checks.append(("batch-1", first, {k: v[:1] for k, v in exported.golden_outputs.items()}))
+    # the shape checks first: a failure then names the smallest shape that fails
+    checks = [(name, inputs, outputs) for name, (inputs, outputs) in exported.checks.items()]
+    checks.append(("golden", exported.golden_inputs, exported.golden_outputs))
+    if not exported.checks and signature.batch and len(next(iter(exported.golden_inputs.values()))) > 1:
+        first = {k: v[:1] for k, v in exported.golden_inputs.items()}  # an export made before checks.npz
+        checks.append(("batch 1", first, {k: v[:1] for k, v in exported.golden_outputs.items()}))
     results = []
     for check, inputs, reference in checks:
         got = _run_in_batches(compiled, signature, inputs, device, check)
@@ -189,8 +194,10 @@ def _run_in_batches(
             with torch.inference_mode():
                 result = compiled(*args)
         except Exception as exc:
-            first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-            raise ParityError(f"the compiled model failed on the {check} inputs: {first}.") from None
+            shapes = ", ".join(f"{s.name} {list(a.shape)}" for s, a in zip(signature.inputs, args, strict=True))
+            raise ParityError(
+                f"the compiled model failed at {check} ({shapes}): {root_cause(exc)}; {_fix_hint(signature)}"
+            ) from None
         outputs = (result,) if isinstance(result, torch.Tensor) else tuple(result)
         parts.append(
             {
@@ -199,6 +206,29 @@ def _run_in_batches(
             }
         )
     return {s.name: np.concatenate([p[s.name] for p in parts]) for s in signature.outputs}
+
+
+def root_cause(exc: BaseException) -> str:
+    """The operation's own message: the last line of a TorchScript error, whose first lines are only
+    "The following operation failed in the TorchScript interpreter" and a traceback."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    cause = lines[-1]
+    for prefix in ("RuntimeError: ", "builtins.RuntimeError: "):
+        cause = cause.removeprefix(prefix)
+    return cause[:300]
+
+
+def _fix_hint(signature: Signature) -> str:
+    hint = (
+        "a size of the example was probably fixed into the TorchScript. Tracing records `x.size(0)` as an "
+        "operation but not a Python number made from it (int(), len(), .tolist()): compute sizes with tensor "
+        "operations, or export with `--method script`"
+    )
+    if not signature.has_dynamic_dims:
+        hint += "; if a dimension besides the batch varies, mark it -1 in the signature"
+    return hint + "."
 
 
 # -------------------------------------------------------------------------------- fingerprint
@@ -270,7 +300,7 @@ def compile_model(
         if target == "tensorrt":
             require_tensorrt()
             device = device if device.startswith("cuda") else "cuda:0"
-        module = exported.module(device)
+        module = exported.module(device, prefer_torchscript=target == "torchscript")
         if target == "tensorrt":
             index = torch.device(device).index or 0
             settings = tensorrt_compile_settings(

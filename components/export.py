@@ -6,9 +6,19 @@ signature to check names, dtypes and shapes, then exported with `torch.export` (
 when that fails, as TorchScript (script, then trace), with the reason logged.
 
     <out>/exported.pt2 | <out>/model.ts     the exported model
+    <out>/model.ts                           beside exported.pt2: the eager module traced, for TorchScript
     <out>/signature.yaml                     the checked signature
     <out>/golden.npz                         golden inputs and eager fp32 reference outputs
+    <out>/checks.npz                         inputs and eager outputs at the shapes compile checks
     <out>/export.json                        how it was exported (method, fallback reason, versions)
+
+Why the eager module is traced beside torch.export: the TorchScript that Triton's PyTorch backend serves
+cannot come from the exported program. `torch.jit.trace` of `ExportedProgram.module()` bakes the
+example's sizes into shape-reading ops (`expand(B, -1)`, `view(B, ...)`, transformers' position ids),
+so it fails at any other batch size; scripting fails on most real models (transformers among them);
+tracing the eager module records `size()` calls as graph ops and stays batch-dynamic. The export step
+is the only step that holds the eager module, so it traces it here; compile checks the result at
+batch 1, an odd size, max_batch_size and two lengths of every dynamic dimension.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from torch import nn
 
 from components import log
 from components.errors import TritonshipError
-from components.model_folder import load_golden, save_golden
+from components.model_folder import load_checks, load_golden, save_checks, save_golden
 from components.s3repo import S3Settings, download_file, split_s3_uri
 from components.signature import Signature, SignatureError, check_tensor, dtype_name
 
@@ -43,6 +53,10 @@ TORCHSCRIPT_FILE = "model.ts"
 EXPORT_INFO_FILE = "export.json"
 SIGNATURE_FILE = "signature.yaml"
 GOLDEN_FILE = "golden.npz"
+CHECKS_FILE = "checks.npz"
+# dynamic dimensions other than the batch: the golden samples' size, and two more sizes compile checks
+GOLDEN_DYNAMIC_SIZE = 8
+CHECK_DYNAMIC_SIZES = (3, 13)
 
 
 class ExportError(TritonshipError):
@@ -237,21 +251,42 @@ def _as_tuple(result: Any) -> tuple[Any, ...]:
 
 
 # ------------------------------------------------------------------------------------ exporting
+def check_shapes(signature: Signature) -> dict[str, dict[str, np.ndarray]]:
+    """Inputs at the shapes compile must get right: batch 1, an odd batch, max_batch_size, and two
+    sizes of every dynamic dimension besides the batch (at batch 2)."""
+    if not signature.batch:
+        sets = {}
+    else:
+        largest = signature.max_batch_size
+        sizes = sorted({1, min(3, largest) if largest % 2 == 0 or largest < 3 else max(1, largest - 2), largest})
+        sets = {
+            f"batch {b}": signature.example_inputs(b, seed=100 + b, dynamic_size=GOLDEN_DYNAMIC_SIZE) for b in sizes
+        }
+    if signature.has_dynamic_dims:
+        batch = min(2, signature.max_batch_size) if signature.batch else 1
+        for size in CHECK_DYNAMIC_SIZES:
+            sets[f"dynamic dims {size}"] = signature.example_inputs(batch, seed=200 + size, dynamic_size=size)
+    return sets
+
+
 def export_model(
     model: nn.Module, signature: Signature, out_dir: Path, method: Method = "auto"
 ) -> tuple[str, str, str | None]:
-    """Save the model; returns (method used, file name, reason torch.export was not used)."""
-    example = tuple(torch.from_numpy(a) for a in signature.example_inputs(2).values())
+    """Save the model; returns (method used, file name, reason torch.export was not used). After a
+    torch.export, the eager module is also traced to model.ts for the TorchScript targets (see above)."""
+    example = tuple(torch.from_numpy(a) for a in signature.example_inputs(2, dynamic_size=GOLDEN_DYNAMIC_SIZE).values())
     reason = None
     if isinstance(model, torch.jit.ScriptModule):
         model.save(str(out_dir / TORCHSCRIPT_FILE))
         return "torchscript-file", TORCHSCRIPT_FILE, "the model was given as TorchScript"
     if method in ("auto", "export"):
         try:
-            batch = torch.export.Dim("batch", min=1, max=signature.max_batch_size)
-            dynamic = tuple({0: batch} for _ in signature.inputs) if signature.batch else None
-            program = torch.export.export(model, example, dynamic_shapes=dynamic)
+            program = torch.export.export(model, example, dynamic_shapes=_dynamic_shapes(signature))
             torch.export.save(program, str(out_dir / EXPORTED_PROGRAM_FILE))
+            try:
+                _trace(model, example, out_dir / TORCHSCRIPT_FILE)
+            except Exception as exc:  # the TorchScript targets then trace the exported program (parity checks it)
+                log.event(LOG, "tracing the eager module failed", reason=_first_line(exc))
             return "torch.export", EXPORTED_PROGRAM_FILE, None
         except Exception as exc:
             if method == "export":
@@ -268,9 +303,7 @@ def export_model(
             reason = f"{reason}; torch.jit.script failed: {_first_line(exc)}" if reason else _first_line(exc)
             log.event(LOG, "torch.jit.script failed, falling back to tracing", reason=_first_line(exc))
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.jit.trace(model, example, check_trace=False).save(str(out_dir / TORCHSCRIPT_FILE))
+        _trace(model, example, out_dir / TORCHSCRIPT_FILE)
     except Exception as exc:
         raise ExportError(
             f"the model could not be exported by any method; tracing failed: {_first_line(exc)}."
@@ -278,10 +311,29 @@ def export_model(
     return "torch.jit.trace", TORCHSCRIPT_FILE, reason
 
 
+def _trace(model: nn.Module, example: tuple[torch.Tensor, ...], path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.trace(model, example, check_trace=False).save(str(path))
+
+
+def _dynamic_shapes(signature: Signature) -> tuple[dict[int, Any], ...]:
+    """The batch is dynamic up to max_batch_size; other -1 dimensions are left to torch.export to work out
+    (Dim.AUTO: dynamic, and equal where the model makes them equal, such as ids and their mask)."""
+    batch = torch.export.Dim("batch", min=1, max=signature.max_batch_size) if signature.batch else None
+    shapes = []
+    for spec in signature.inputs:
+        dims: dict[int, Any] = {i: torch.export.Dim.AUTO for i, d in enumerate(spec.shape) if d == -1}
+        if batch is not None:
+            dims[0] = batch
+        shapes.append(dims)
+    return tuple(shapes)
+
+
 def golden_inputs(signature: Signature, samples: int, supplied: Path | None) -> dict[str, np.ndarray]:
     """The user's samples (an .npz keyed by input name), checked, or valid random ones."""
     if supplied is None:
-        return signature.example_inputs(samples if signature.batch else 1, seed=1234)
+        return signature.example_inputs(samples if signature.batch else 1, seed=1234, dynamic_size=GOLDEN_DYNAMIC_SIZE)
     try:
         with np.load(supplied, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
@@ -314,9 +366,14 @@ def export(
         used, artifact, reason = export_model(model, signature, staging, method)
         signature.save(staging / SIGNATURE_FILE)
         save_golden(staging / GOLDEN_FILE, inputs, reference)
+        checks = {
+            name: (x, reference_outputs(_fp32(model), signature, x)) for name, x in check_shapes(signature).items()
+        }
+        save_checks(staging / CHECKS_FILE, checks)
         result = ExportResult(out_dir, used, artifact, reason, len(next(iter(inputs.values()))))
         info = {**asdict(result), "out_dir": str(out_dir), "source": model_source, "torch": torch.__version__}
         info["checkpoint"] = checkpoint
+        info["torchscript"] = TORCHSCRIPT_FILE if (staging / TORCHSCRIPT_FILE).is_file() else None
         (staging / EXPORT_INFO_FILE).write_text(json.dumps(info, indent=2))
         if out_dir.exists():
             out_dir.rmdir()
@@ -343,13 +400,17 @@ class ExportedModel:
     golden_inputs: dict[str, np.ndarray]
     golden_outputs: dict[str, np.ndarray]
     info: dict[str, Any]
+    checks: dict[str, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]
 
     @property
     def artifact(self) -> Path:
         return self.path / self.info["artifact"]
 
-    def module(self, device: str = "cpu") -> nn.Module:
-        """The exported model on `device`."""
+    def module(self, device: str = "cpu", prefer_torchscript: bool = False) -> nn.Module:
+        """The exported model on `device`; with `prefer_torchscript`, the eager module's trace if export made one."""
+        traced = self.path / (self.info.get("torchscript") or "")
+        if prefer_torchscript and traced.is_file():
+            return torch.jit.load(str(traced), map_location=device).eval()
         if self.artifact.name == EXPORTED_PROGRAM_FILE:
             program = torch.export.load(str(self.artifact))
             if device != "cpu":
@@ -370,7 +431,8 @@ def read_export(path: Path) -> ExportedModel:
     if not (path / info.get("artifact", "")).is_file():
         raise ExportError(f"{path} has no {info.get('artifact')}; re-run `tritonship export`.")
     inputs, outputs = load_golden(path / GOLDEN_FILE)
-    return ExportedModel(path, Signature.load(path / SIGNATURE_FILE), inputs, outputs, info)
+    checks = load_checks(path / CHECKS_FILE) if (path / CHECKS_FILE).is_file() else {}
+    return ExportedModel(path, Signature.load(path / SIGNATURE_FILE), inputs, outputs, info, checks)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -57,6 +57,31 @@ def load_golden(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray
     return inputs, outputs
 
 
+def save_checks(path: Path, checks: dict[str, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]) -> None:
+    """Named sets of inputs and reference outputs (keys `<check>/in:<name>`, `<check>/out:<name>`)."""
+    arrays = {
+        f"{check}/{kind}:{k}": v
+        for check, (inputs, outputs) in checks.items()
+        for kind, tensors in (("in", inputs), ("out", outputs))
+        for k, v in tensors.items()
+    }
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
+def load_checks(path: Path) -> dict[str, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            checks: dict[str, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
+            for key in data.files:
+                check, _, rest = key.rpartition("/")
+                kind, _, name = rest.partition(":")
+                checks.setdefault(check, ({}, {}))[0 if kind == "in" else 1][name] = data[key]
+    except (OSError, ValueError) as exc:
+        raise ModelFolderError(f"the shape checks {path} cannot be read: {exc}.") from None
+    return checks
+
+
 def write(
     folder: Path,
     name: str,

@@ -144,12 +144,13 @@ class Signature:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
     # ---------------------------------------------------------------------------- helpers
-    def example_inputs(self, batch_size: int, seed: int = 0) -> dict[str, np.ndarray]:
-        """Valid random inputs: ids within their range, floats in [-1, 1) unless a range is given."""
+    def example_inputs(self, batch_size: int, seed: int = 0, dynamic_size: int = 1) -> dict[str, np.ndarray]:
+        """Valid random inputs: ids within their range, floats in [-1, 1) unless a range is given; dynamic
+        dimensions other than the batch take `dynamic_size`."""
         rng = np.random.default_rng(seed)
         out: dict[str, np.ndarray] = {}
         for spec in self.inputs:
-            shape = concrete_shape(spec.shape, batch_size, self.batch)
+            shape = concrete_shape(spec.shape, batch_size, self.batch, dynamic_size)
             if spec.dtype == "bool":
                 out[spec.name] = rng.integers(0, 2, size=shape).astype(np.bool_)
             elif spec.dtype in FLOAT_DTYPES:
@@ -172,6 +173,11 @@ class Signature:
             raise SignatureError(f"{what}: unexpected tensor(s) {', '.join(extra)} (expected {sorted(expected)}).")
         for spec in specs:
             check_tensor(spec, tuple(arrays[spec.name].shape), _np_dtype_name(arrays[spec.name].dtype), what)
+
+    @property
+    def has_dynamic_dims(self) -> bool:
+        """A dynamic dimension besides the batch, on any input."""
+        return any(d == -1 for s in self.inputs for d in (s.shape[1:] if self.batch else s.shape))
 
 
 def check_tensor(spec: TensorSpec, shape: tuple[int, ...], dtype: str, what: str) -> None:

@@ -11,7 +11,7 @@ from torch import nn
 
 from components import model_folder
 from components.signature import Signature
-from pipelines.samples import recsys
+from pipelines.samples import bert4rec, recsys
 from pipelines.samples.recsys import Recommender
 
 
@@ -50,6 +50,54 @@ class TwoHeads(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.net(x)
         return logits, logits.argmax(dim=-1, keepdim=True).to(torch.int32)
+
+
+class PaddedTransformer(nn.Module):
+    """torch.nn.TransformerEncoder over token ids with a padding mask (token 0), mean-pooled."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(50, 16)
+        layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        padding = tokens == 0
+        encoded = self.encoder(self.embed(tokens), src_key_padding_mask=padding)
+        kept = (~padding).unsqueeze(-1).float()
+        return self.head((encoded * kept).sum(1) / kept.sum(1).clamp(min=1.0))
+
+
+class SizeReshape(nn.Module):
+    """Reshapes with the batch size it reads: x.size(0), view(B, ...), expand(B, -1)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.proj = nn.Linear(8, 8)
+        self.bias = nn.Parameter(torch.randn(1, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch = x.size(0)
+        parts = self.proj(x.view(batch, 4, 8))
+        return (parts + self.bias.expand(batch, -1).unsqueeze(1)).reshape(batch, -1)
+
+
+class DynamicLength(nn.Module):
+    """A sequence of any length (the signature's -1 besides the batch): per-step features, then pooled."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.step = nn.Linear(6, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, sequence: torch.Tensor) -> torch.Tensor:
+        steps = torch.relu(self.step(sequence))
+        weights = torch.softmax(steps.sum(-1), dim=1).unsqueeze(-1)
+        return self.head((steps * weights).sum(1))
 
 
 def make_mlp() -> nn.Module:
@@ -110,11 +158,34 @@ def upload_folder(client, bucket: str, folder: Path, prefix: str) -> None:
         client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder)}")
 
 
+PADDED_TRANSFORMER_SIGNATURE = {
+    "batch": True,
+    "max_batch_size": 8,
+    "inputs": [{"name": "tokens", "dtype": "int64", "shape": [-1, 12], "range": [0, 50]}],
+    "outputs": [{"name": "logits", "dtype": "fp32", "shape": [-1, 4]}],
+}
+SIZE_RESHAPE_SIGNATURE = {
+    "batch": True,
+    "max_batch_size": 8,
+    "inputs": [{"name": "x", "dtype": "fp32", "shape": [-1, 32]}],
+    "outputs": [{"name": "y", "dtype": "fp32", "shape": [-1, 32]}],
+}
+DYNAMIC_LENGTH_SIGNATURE = {
+    "batch": True,
+    "max_batch_size": 8,
+    "inputs": [{"name": "sequence", "dtype": "fp32", "shape": [-1, -1, 6]}],
+    "outputs": [{"name": "scores", "dtype": "fp32", "shape": [-1, 3]}],
+}
+# The family every release must get through on the default path (export method "auto").
 MODELS = {
     "mlp": ("tests.models:make_mlp", MLP_SIGNATURE),
     "cnn": ("tests.models:make_cnn", CNN_SIGNATURE),
     "recommender": ("tests.models:make_recommender", RECOMMENDER_SIGNATURE),
     "two_heads": ("tests.models:make_two_heads", TWO_HEADS_SIGNATURE),
+    "bert4rec": ("pipelines.samples.bert4rec:bert4rec_v1", bert4rec.MODEL_SIGNATURE),
+    "padded_transformer": ("tests.models:PaddedTransformer", PADDED_TRANSFORMER_SIGNATURE),
+    "size_reshape": ("tests.models:SizeReshape", SIZE_RESHAPE_SIGNATURE),
+    "dynamic_length": ("tests.models:DynamicLength", DYNAMIC_LENGTH_SIGNATURE),
 }
 
 

@@ -15,7 +15,7 @@ import torch
 
 from components import model_config, model_folder
 from components.compile import CompileError, ParityError, compile_model, tensorrt_compile_settings
-from components.export import ExportError, export
+from components.export import ExportError, export, read_export
 from components.parity import Tolerance, compare
 from components.signature import Signature, SignatureError
 from components.triton_admin import TritonAdmin
@@ -32,41 +32,52 @@ def _export(tmp_path: Path, key: str, **kwargs) -> Path:
 
 @pytest.mark.parametrize("key", sorted(MODELS))
 def test_model_exports_compiles_and_triton_answers_like_eager(key, tmp_path, stack, s3):
+    """The model family on the default path: served = eager at the golden inputs, batch 1, an odd batch,
+    max_batch_size and two lengths of a dynamic dimension."""
     export_dir = _export(tmp_path, key)
     info = json.loads((export_dir / "export.json").read_text())
     assert info["method"] == "torch.export" and info["fallback_reason"] is None
     name = f"ec_{key}"
     result = compile_model(export_dir, tmp_path / name, name, flavour="python")
     assert result.parity and all(r.passed for r in result.parity)
-    assert {r.check for r in result.parity} == {"golden", "batch-1"}
+    exported = read_export(export_dir)
+    batches = {f"batch {b}" for b in (1, exported.signature.max_batch_size)}
+    assert batches < {r.check for r in result.parity}  # and an odd batch size
+    if exported.signature.has_dynamic_dims:
+        assert len({r.check for r in result.parity if r.check.startswith("dynamic dims")}) == 2
 
     folder = model_folder.read(tmp_path / name)
     assert folder.config.backend == "python" and folder.config.max_batch_size == folder.signature.max_batch_size
     fingerprint = folder.fingerprint()
     assert fingerprint["torch"] == torch.__version__ and fingerprint["target"] == "torchscript"
 
-    _assert_triton_answers_golden(stack, s3, folder, Tolerance(atol=1e-5, rtol=1e-4, int_mismatch=0.0))
+    sets = {"golden": folder.golden(), **exported.checks}
+    _assert_triton_answers(stack, s3, folder, Tolerance(atol=1e-5, rtol=1e-4, int_mismatch=0.0), sets)
 
 
-def _assert_triton_answers_golden(stack, s3, folder: model_folder.ModelFolder, tol: Tolerance) -> None:
-    """Serve `folder` on a replica of the embedded stack and compare its answers to the golden outputs."""
+def _assert_triton_answers(stack, s3, folder: model_folder.ModelFolder, tol: Tolerance, sets=None) -> None:
+    """Serve `folder` on a replica of the embedded stack and compare its answers with the eager reference
+    outputs of every set of inputs (default: the golden samples)."""
     name = folder.config.name
     upload_folder(s3, stack.bucket, folder.path, f"models/{name}")
-    golden_in, golden_out = folder.golden()
+    outputs = [s.name for s in folder.signature.outputs]
     with TritonAdmin(stack.replicas[1].http_url) as admin:
         admin.load(name)
         try:
-            answer = admin.infer_in_batches(
-                name, golden_in, [s.name for s in folder.signature.outputs], folder.config.max_batch_size
-            )
+            answers = {
+                check: (admin.infer_in_batches(name, inputs, outputs, folder.config.max_batch_size), reference)
+                for check, (inputs, reference) in (sets or {"golden": folder.golden()}).items()
+            }
         finally:
             admin.unload(name)
-    for spec in folder.signature.outputs:
-        if spec.dtype == "fp32":
-            np.testing.assert_allclose(answer[spec.name], golden_out[spec.name], rtol=tol.rtol, atol=tol.atol)
-        else:
-            assert answer[spec.name].shape == golden_out[spec.name].shape
-            assert np.mean(answer[spec.name] != golden_out[spec.name]) <= tol.int_mismatch
+    for check, (answer, reference) in answers.items():
+        for spec in folder.signature.outputs:
+            if spec.dtype == "fp32":
+                np.testing.assert_allclose(answer[spec.name], reference[spec.name], rtol=tol.rtol, atol=tol.atol,
+                                           err_msg=f"{check}: {spec.name}")  # fmt: skip
+            else:
+                assert answer[spec.name].shape == reference[spec.name].shape, check
+                assert np.mean(answer[spec.name] != reference[spec.name]) <= tol.int_mismatch, check
 
 
 def test_compiled_model_that_differs_from_eager_fails_parity_and_writes_nothing(tmp_path):
@@ -75,10 +86,26 @@ def test_compiled_model_that_differs_from_eager_fails_parity_and_writes_nothing(
     other = MLP(seed=1).eval()
     program = torch.export.export(other, (torch.randn(2, 16),))
     torch.export.save(program, str(export_dir / "exported.pt2"))
+    torch.jit.trace(other, torch.randn(2, 16)).save(str(export_dir / "model.ts"))
     with pytest.raises(ParityError) as info:
         compile_model(export_dir, tmp_path / "out", "planted")
     message = str(info.value)
     assert "does not match the eager model" in message and "FAIL" in message and "y " in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_size_fixed_into_the_torchscript_fails_naming_the_shape_and_the_operations_own_message(tmp_path):
+    # What tracing the exported program (rather than the eager module) does to a model that reads x.size(0).
+    export_dir = _export(tmp_path, "size_reshape")
+    (export_dir / "model.ts").unlink()
+    info = json.loads((export_dir / "export.json").read_text())
+    (export_dir / "export.json").write_text(json.dumps({**info, "torchscript": None}))
+    with pytest.raises(ParityError) as raised:
+        compile_model(export_dir, tmp_path / "out", "baked")
+    message = str(raised.value)
+    assert message.startswith("the compiled model failed at batch 1 (x [1, 32]): ")
+    assert "is invalid for input of size 32" in message  # the operation's own words: the error's last line
+    assert "TorchScript interpreter" not in message and "--method script" in message
     assert not (tmp_path / "out").exists()
 
 
@@ -320,7 +347,7 @@ def test_python_flavour_serves_cuda_torchscript_on_a_gpu_instance(precision, tmp
     compile_model(_export(tmp_path, "cnn"), tmp_path / name, name, precision=precision, device="cuda", flavour="python")
     folder = model_folder.read(tmp_path / name)
     assert folder.config.instance_group[0].kind == model_config.mc.ModelInstanceGroup.KIND_GPU
-    _assert_triton_answers_golden(stack, s3, folder, Tolerance.for_precision(precision))
+    _assert_triton_answers(stack, s3, folder, Tolerance.for_precision(precision))
 
 
 def test_fp16_is_refused_on_the_cpu(tmp_path):
