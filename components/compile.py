@@ -1,7 +1,7 @@
 """Compile step: an exported model to a Triton-ready, parity-checked model folder.
 
 Targets:
-- `tensorrt`: Torch-TensorRT 2.14 dynamo path (DESIGN.md section 5), saved as TorchScript model.pt
+- `tensorrt`: Torch-TensorRT 2.14 dynamo path (docs/design.md section 5), saved as TorchScript model.pt
   for Triton's PyTorch backend. Needs CUDA and torch_tensorrt (the compile image).
 - `torchscript`: traced and frozen TorchScript on CPU or CUDA; fp16 on CUDA.
 

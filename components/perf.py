@@ -1,6 +1,6 @@
 """Running perf_analyzer and reading what it measured.
 
-perf_analyzer's exit code alone never means "fast enough" (DESIGN.md section 5): 0 success (also a
+perf_analyzer's exit code alone never means "fast enough" (docs/design.md section 4): 0 success (also a
 sweep cut short by --latency-threshold), 2 unstable measurement, 3 no valid requests, 99 server
 unreachable or usage error. A run is usable only with exit 0 and a CSV row for every load asked for.
 """

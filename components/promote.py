@@ -16,7 +16,7 @@ then the old members are unloaded; the members' desired configs keep both versio
 replica runs the new ensemble, so a pod restarting meanwhile always finds the members its config runs.
 
 Triton swaps a model's versions without failing requests when it is reloaded with a config override
-(DESIGN.md section 5): the old version serves until the new one is ready.
+(docs/design.md section 3): the old version serves until the new one is ready.
 
 Reject: unload the candidate from the gate, leave production untouched, record the verdict.
 """
@@ -93,7 +93,7 @@ def _switch(admin: TritonAdmin, release: Release) -> float:
     for member in release.members.values():
         admin.load(member.name, member)
     first = {k: v[:1] for k, v in candidate.golden_inputs.items()}
-    served = admin.served_version(candidate.model, first, candidate.output_names)
+    served, _ = admin.served(candidate.model, first, candidate.output_names, after_load=True)
     if served != version:
         raise PromotionError(f"{admin.url} answered an unversioned request with v{served}, expected v{version}.")
     accuracy = served_accuracy(admin, candidate.model, candidate, version, release.config.max_batch_size)

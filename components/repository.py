@@ -1,6 +1,6 @@
 """The S3 model repository: immutable versions, a manifest written last, staging, history, desired state.
 
-Layout under a repository root `s3://bucket/root` (DESIGN.md section 2):
+Layout under a repository root `s3://bucket/root` (docs/design.md section 2):
 
     root/models/<model>/config.pbtxt            desired state: version_policy pinned to the promoted version
     root/models/<model>/<v>/...                 promoted versions (copied from staging), manifest.json last

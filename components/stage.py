@@ -151,7 +151,7 @@ def stage(
         except TritonUnreachable:
             raise
         except TritonError as exc:
-            load_error = str(exc)
+            load_error = _load_error(gate, name, repo, exc)
             for member in candidate.member_candidate_configs():  # nothing half-staged stays on the gate
                 if gate.is_ready(member.name):
                     gate.unload(member.name)
@@ -165,6 +165,23 @@ def stage(
         accuracy=[asdict(r) for r in accuracy], load_error=load_error,
     )  # fmt: skip
     log.event(LOG, "staged", model=model, version=version, gate=gate.url, accuracy_passed=passed)
-    if not passed:
+    if load_error:
+        log.event(LOG, "the gate server could not load the candidate", level=30, error=load_error)
+    elif not passed:
         log.event(LOG, "accuracy check failed", level=30, table="\n" + parity_table(accuracy))
     return result
+
+
+def _load_error(gate: TritonAdmin, name: str, repo: ModelRepository, exc: TritonError) -> str:
+    """Why the load failed; when the gate does not see the candidate at all, what it does see."""
+    try:
+        listed = sorted({entry["name"] for entry in gate.repository_index()})
+    except TritonError:
+        return str(exc)
+    if name in listed:
+        return str(exc)
+    shown = ", ".join(listed[:12]) + (f" and {len(listed) - 12} more" if len(listed) > 12 else "") or "nothing"
+    return (
+        f"the gate server {gate.url} does not see {name} in its model repositories (it lists {shown}): start it "
+        f"with --model-repository={repo.staging_uri()}, where the candidate was published ({exc})"
+    )

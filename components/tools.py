@@ -1,5 +1,5 @@
 """Where the external tools are: perf_analyzer on the PATH (the tritonserver -py3-sdk image), else the
-embedded 2.51 builds that scripts/setup.sh installs into .tools/ (DESIGN.md section 4)."""
+embedded 2.51 builds that scripts/setup.sh installs into .tools/ (docs/design.md section 5)."""
 
 from __future__ import annotations
 

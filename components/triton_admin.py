@@ -167,14 +167,23 @@ class TritonAdmin:
         return self.served(model, inputs, output_names)[0]
 
     def served(
-        self, model: str, inputs: Mapping[str, np.ndarray], output_names: list[str]
+        self, model: str, inputs: Mapping[str, np.ndarray], output_names: list[str], after_load: bool = False
     ) -> tuple[int, dict[str, np.ndarray]]:
-        """An unversioned request, as clients send it: the version that answered and its outputs."""
-        result = self._infer(model, inputs, output_names, "")
+        """An unversioned request, as clients send it: the version that answered and its outputs.
+
+        `after_load`: the first request to a model just loaded, which may wait the load's time limit. Its
+        backends run their first inference (TorchScript optimises on its first calls; an ensemble starts
+        every step), which on a busy 2-core machine took longer than the ordinary request limit."""
+        result = self._infer(model, inputs, output_names, "", self._load_client if after_load else self._client)
         return int(result.get_response()["model_version"]), {n: result.as_numpy(n) for n in output_names}
 
     def _infer(
-        self, model: str, inputs: Mapping[str, np.ndarray], output_names: list[str], version: int | str
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        output_names: list[str],
+        version: int | str,
+        client: httpclient.InferenceServerClient | None = None,
     ) -> httpclient.InferResult:
         tensors = []
         for name, array in inputs.items():
@@ -184,7 +193,7 @@ class TritonAdmin:
         requested = [httpclient.InferRequestedOutput(n) for n in output_names]
         return self._call(
             f"infer on '{model}'",
-            lambda: self._client.infer(model, tensors, model_version=str(version), outputs=requested),
+            lambda: (client or self._client).infer(model, tensors, model_version=str(version), outputs=requested),
         )
 
     # -------------------------------------------------------------------------------- internals

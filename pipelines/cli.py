@@ -23,6 +23,7 @@ app.add_typer(stack_app, name="stack")
 console = Console(stderr=True)
 out = Console()
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 DEFAULT_STATE_DIR = Path(".stack")
 
 
@@ -41,6 +42,11 @@ def friendly_errors(fn: F) -> F:
         except TritonshipError as exc:
             console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
+        except OSError as exc:  # a path argument that is missing, a directory, or not ours to read or write
+            where = f" {exc.filename}" if exc.filename else ""
+            console.print(f"[bold red]error:[/] cannot use{where}: {(exc.strerror or str(exc)).lower()}; check the path.",
+                          highlight=False, markup=True, soft_wrap=True)  # fmt: skip
+            raise typer.Exit(2) from None
         except KeyboardInterrupt:
             console.print("[yellow]interrupted[/]")
             raise typer.Exit(130) from None
@@ -167,6 +173,30 @@ def read_text(path: Path, what: str) -> str:
         raise TritonshipError(f"the {what} {path} does not exist; check the path.") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise TritonshipError(f"the {what} {path} cannot be read ({exc.__class__.__name__}); check the file.") from None
+
+
+def read_result(path: Path, what: str, parse: Callable[[str], T]) -> T:
+    """A step's result file (stage result, tuning result) parsed, or one sentence saying it is not one."""
+    try:
+        return parse(read_text(path, what))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise TritonshipError(f"{path} is not a {what} written by tritonship; pass the file the step wrote.") from None
+
+
+def read_verdict(path: Path) -> dict[str, Any]:
+    """verdict.json as `tritonship gate` writes it, or one sentence saying what is wrong with the file."""
+    text = read_text(path, "verdict file")
+    try:
+        decided = json.loads(text)
+    except ValueError:
+        decided = None
+    if (
+        not isinstance(decided, dict)
+        or not {"model", "version", "verdict", "reasons"} <= decided.keys()
+        or decided["verdict"] not in ("pass", "fail", "inconclusive")
+    ):
+        raise TritonshipError(f"{path} is not a verdict written by `tritonship gate`; pass the gate's verdict.json.")
+    return decided
 
 
 def gate_settings(**flat: Any) -> Any:
@@ -471,8 +501,8 @@ def gate_cmd(
         budget_s=budget_s, max_p99_ms=max_p99_ms, min_throughput=min_throughput,
         max_p99_regression_pct=max_p99_regression_pct, max_throughput_regression_pct=max_throughput_regression_pct,
     )  # fmt: skip
-    staged = StageResult.from_json(read_text(stage_result, "stage result")) if stage_result else None
-    tuned = TuneResult.from_json(read_text(tuning, "tuning result")) if tuning else None
+    staged = read_result(stage_result, "stage result", StageResult.from_json) if stage_result else None
+    tuned = read_result(tuning, "tuning result", TuneResult.from_json) if tuning else None
     with console.status(f"measuring {model} v{version} against stable (at most {budget_s:g} s)"):
         result = gate_step.gate(
             repository, model, version, _one_server(gate), settings, staged, out, s3=s3_settings(s3_endpoint),
@@ -500,9 +530,9 @@ def promote_cmd(
     from components.replicas import resolve
     from components.tune import TuneResult
 
-    decided = json.loads(verdict.read_text())
+    decided = read_verdict(verdict)
     targets = resolve(replicas)
-    serving = TuneResult.from_json(tuning.read_text()).chosen if tuning else None
+    serving = read_result(tuning, "tuning result", TuneResult.from_json).chosen if tuning else None
     with console.status(f"promoting {decided['model']} v{decided['version']} to {len(targets)} replicas") as status:
         result = promote(
             repository, decided["model"], int(decided["version"]), targets, decided["verdict"],
@@ -525,7 +555,7 @@ def reject_cmd(
     """Unload the candidate from the gate, leave production untouched, record the verdict."""
     from components.promote import reject
 
-    decided = json.loads(verdict.read_text())
+    decided = read_verdict(verdict)
     reject(repository, decided["model"], int(decided["version"]), decided["verdict"], decided["reasons"],
            gate_url=_one_server(gate) if gate else None, s3=s3_settings(s3_endpoint))  # fmt: skip
     out_console_line(f"rejected {decided['model']} v{decided['version']} ({decided['verdict']}); production unchanged")
@@ -597,7 +627,7 @@ def run_cmd(
         from pipelines.stack import EmbeddedStack
 
         with console.status("starting the embedded stack"), EmbeddedStack(replicas=2, gate=True) as embedded:
-            parameters = demo_parameters(embedded, "pipelines.sample_models:sample_v1") | overrides
+            parameters = demo_parameters(embedded, "pipelines.samples.bert4rec:bert4rec_v1") | overrides
             run = run_local(parameters, pipeline_root.resolve(), env=embedded.s3.env())
     verdict = run.verdict or {}
     outcome = "promoted" if run.promoted else "rejected" if run.rejected else "stopped"
@@ -644,9 +674,11 @@ def schedule_cmd(
 @app.command("demo")
 @friendly_errors
 def demo(workdir: Annotated[Path | None, typer.Option(help="keep the pipeline runs' outputs here")] = None) -> None:
-    """Three releases of a sample model through the whole pipeline on the embedded stack."""
+    """Three releases of the BERT4Rec recommender through the whole pipeline on the embedded stack."""
     from pipelines.demo import run_demo
 
+    if workdir is not None and workdir.exists() and not workdir.is_dir():
+        raise TritonshipError(f"the work folder {workdir} is a file; give a folder (or a path that does not exist).")
     sys.exit(run_demo(out, workdir))
 
 

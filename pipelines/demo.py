@@ -1,8 +1,10 @@
-"""The demo: three releases of a sample model through the whole KFP pipeline on the embedded stack.
+"""The demo: three releases of the users' BERT4Rec recommender through the whole KFP pipeline on the
+embedded stack.
 
 v1 is the first release (absolute limits only), v2 a retrained model of the same size (promoted), v3
 a deliberately slower model (rejected; v2 keeps serving). Then a client asks production which
-version answers.
+version answers. The demo checks that story and exits non-zero, saying what differed, when it does
+not hold.
 """
 
 from __future__ import annotations
@@ -18,22 +20,26 @@ from rich.table import Table
 
 from components.triton_admin import TritonAdmin
 from pipelines.local import LocalRun, run_local
-from pipelines.sample_models import SAMPLE_SIGNATURE
+from pipelines.samples import bert4rec
 from pipelines.stack import EmbeddedStack
 
+MODEL = "bert4rec"
+# (label, model factory, what the release must end as)
 RELEASES = [
-    ("v1: first release", "pipelines.sample_models:sample_v1"),
-    ("v2: retrained", "pipelines.sample_models:sample_v2"),
-    ("v3: deliberately slower", "pipelines.sample_models:sample_v3_slow"),
+    ("v1: first release", "pipelines.samples.bert4rec:bert4rec_v1", "promoted"),
+    ("v2: retrained", "pipelines.samples.bert4rec:bert4rec_v2", "promoted"),
+    ("v3: deliberately slower", "pipelines.samples.bert4rec:bert4rec_v3_slow", "rejected"),
 ]
 
 
-def demo_parameters(stack: EmbeddedStack, model_source: str) -> dict[str, Any]:
+def demo_parameters(
+    stack: EmbeddedStack, model_source: str, signature: str = bert4rec.MODEL_SIGNATURE_YAML, model_name: str = MODEL
+) -> dict[str, Any]:
     """The pipeline's parameters for the embedded stack: CPU TorchScript served by the Python backend."""
     return {
         "model_source": model_source,
-        "signature": SAMPLE_SIGNATURE,
-        "model_name": "sample",
+        "signature": signature,
+        "model_name": model_name,
         "compile_target": "torchscript",
         "precision": "fp32",
         "compile_device": "cpu",
@@ -63,9 +69,23 @@ def summary_row(label: str, run: LocalRun) -> list[str]:
     ]
 
 
+def story_differences(runs: list[LocalRun], served: list[int | None]) -> list[str]:
+    """Where the releases did not end as the demo's story says (empty when they did)."""
+    problems = []
+    for (label, _source, expected), run in zip(RELEASES, runs, strict=True):
+        outcome = "promoted" if run.promoted else "rejected" if run.rejected else "neither promoted nor rejected"
+        if outcome != expected:
+            reasons = "; ".join((run.verdict or {}).get("reasons", [])) or "no verdict"
+            problems.append(f"{label} was {outcome}, expected {expected} ({reasons})")
+    v2 = runs[1].version if len(runs) > 1 else None
+    if served != [v2] * len(served):
+        problems.append(f"production answered with version(s) {served}, expected v{v2} on every replica")
+    return problems
+
+
 def run_demo(console: Console, workdir: Path | None = None) -> int:
     workdir = workdir or Path(tempfile.mkdtemp(prefix="tritonship-demo-"))
-    table = Table(title="tritonship demo: three releases of 'sample'")
+    table = Table(title=f"tritonship demo: three releases of '{MODEL}' (BERT4Rec on transformers)")
     for column in ("release", "version", "verdict", "p99 ms", "infer/s", "reason"):
         table.add_column(column)
     runs = []
@@ -76,21 +96,32 @@ def run_demo(console: Console, workdir: Path | None = None) -> int:
     ):
         console.print(f"embedded stack up: S3 {stack.s3.endpoint_url}, production "
                       f"{', '.join(s.http_url for s in stack.replicas)}, gate {stack.gate.http_url}")  # fmt: skip
-        for label, source in RELEASES:
-            status.update(f"releasing {label} (export, compile, publish, stage, gate, promote/reject)")
+        for label, source, _expected in RELEASES:
+            status.update(f"releasing {label} (export, compile, publish, stage, tune, gate, promote/reject)")
             run = run_local(demo_parameters(stack, source), workdir / "pipeline-runs", env=stack.s3.env())
             runs.append(run)
             table.add_row(*summary_row(label, run))
             console.print(f"  {label}: {run.verdict['verdict'] if run.verdict else '-'}  ({run.root})")
-        features = np.random.default_rng(0).normal(size=(1, 32)).astype(np.float32)
-        served = [
-            TritonAdmin(s.http_url).served_version("sample", {"features": features}, ["scores"]) for s in stack.replicas
-        ]
+        request = {k: v[:1] for k, v in bert4rec_request().items()}
+        served = [_served(s.http_url, request) for s in stack.replicas]
     console.print(table)
     console.print(f"a client request to each production replica was answered by version(s) {served}")
     console.print(f"gate reports: {', '.join(str(r.root / 'gate-op' / 'report_html') for r in runs)}")
     console.print(f"finished in {time.monotonic() - started:.0f} s")
-    ok = runs[1].promoted and runs[2].rejected and served == [runs[1].version] * len(served)
-    if not ok:
-        console.print("[red]the demo did not end as expected (v2 promoted, v3 rejected, v2 serving)[/]")
-    return 0 if ok else 1
+    problems = story_differences(runs, served)
+    for problem in problems:
+        console.print(f"[red]the demo did not end as its story says: {problem}[/]", soft_wrap=True)
+    return 1 if problems else 0
+
+
+def bert4rec_request() -> dict[str, np.ndarray]:
+    from components.signature import Signature
+
+    return Signature.from_dict(bert4rec.MODEL_SIGNATURE).example_inputs(1, seed=7)
+
+
+def _served(url: str, request: dict[str, np.ndarray]) -> int | None:
+    try:
+        return TritonAdmin(url).served_version(MODEL, request, ["topk_indices"])
+    except Exception:  # a replica that does not answer is part of the story's check, not a crash
+        return None

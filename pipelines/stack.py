@@ -1,7 +1,7 @@
 """The embedded stack: a real S3 server (moto), real tritonservers and a real perf_analyzer on one machine.
 
 Used by the demo, the CLI (`tritonship stack up|down`) and the tests. No Docker: the servers are the
-binaries shipped in PyPI wheels (DESIGN.md section 4), installed into `.tools/` by scripts/setup.sh.
+binaries shipped in PyPI wheels (docs/design.md section 5), installed into `.tools/` by scripts/setup.sh.
 
     with EmbeddedStack(replicas=2, gate=True) as stack:
         stack.s3.client().put_object(...)
@@ -221,7 +221,7 @@ class EmbeddedStack:
     """S3 + tritonservers + perf_analyzer on loopback ports, torn down completely on exit.
 
     `replicas` production servers named prod-0, prod-1, ... mount the production prefix; the
-    `gate` server also mounts the staging prefix (DESIGN.md section 2: the candidate is dark).
+    `gate` server also mounts the staging prefix (docs/design.md section 3: the candidate is dark).
     """
 
     def __init__(
@@ -478,6 +478,8 @@ STATE_FILE = "state.json"
 def stack_up(state_dir: Path, replicas: int, gate: bool) -> dict[str, object]:
     """Start a detached stack that outlives this process; its description goes to state_dir."""
     state_path = state_dir / STATE_FILE
+    if state_dir.exists() and not state_dir.is_dir():
+        raise StackError(f"the state folder {state_dir} is a file; give a folder (or a path that does not exist).")
     if state_path.exists():
         raise StackError(f"a stack is already up (see {state_path}); run `tritonship stack down` first.")
     stack = EmbeddedStack(replicas=replicas, gate=gate, workdir=state_dir, detach=True)

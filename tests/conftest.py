@@ -15,6 +15,16 @@ def stack() -> Iterator[EmbeddedStack]:
         yield running
 
 
+@pytest.fixture(autouse=True)
+def nothing_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After every test that used a stack, whatever its outcome: no candidate on the gate, no lease in S3."""
+    yield
+    if "stack" in request.fixturenames:
+        from tests.release_helpers import finish_every_release
+
+        finish_every_release(request.getfixturevalue("stack"))
+
+
 @pytest.fixture
 def s3(stack: EmbeddedStack):
     return stack.s3.client()

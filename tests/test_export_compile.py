@@ -292,7 +292,7 @@ def test_tensorrt_settings_follow_the_documented_dynamo_api():
     signature = Signature.from_dict(RECOMMENDER_SIGNATURE)
     settings = tensorrt_compile_settings(signature, "fp16", opt_batch=8, workspace_bytes=1 << 30)
     assert settings["ir"] == "dynamo" and settings["workspace_size"] == 1 << 30
-    assert "enabled_precisions" not in settings  # ignored on the dynamo path (DESIGN.md section 5)
+    assert "enabled_precisions" not in settings  # ignored on the dynamo path (docs/design.md section 5)
     assert settings["enable_autocast"] is True and settings["autocast_low_precision_type"] == torch.float16
     item_ids = settings["inputs_spec"][0]
     assert (item_ids["min_shape"], item_ids["opt_shape"], item_ids["max_shape"]) == ((1, 40), (8, 40), (32, 40))

@@ -1,6 +1,6 @@
 """Replica discovery through the real kubernetes client, against a stand-in API server on loopback.
 
-No Kubernetes API server can run here (DESIGN.md section 6). The stand-in serves the pod list in
+No Kubernetes API server can run here (docs/design.md section 5). The stand-in serves the pod list in
 tests/fixtures/k8s_pods.json (its origin is stated in the file) over HTTP, filtering by label selector
 as the API does; the kubernetes client does the rest for real: kubeconfig, request, deserialisation.
 """

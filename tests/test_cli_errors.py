@@ -1,0 +1,189 @@
+"""Every `tritonship` subcommand meets bad paths and endpoints with one sentence: a missing or unreadable
+file, a directory where a file belongs, JSON that is not what the step wrote, an endpoint that does not
+answer, a repository the gate does not mount. Each exits 2, prints one line and no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from components.publish import publish
+from pipelines.cli import app
+from pipelines.stack import free_port
+from tests.models import MLP_SIGNATURE, numpy_mlp_folder, write_signature
+from tests.release_helpers import unique
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, stack) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("cli-errors")
+    (root / "a_dir").mkdir()
+    (root / "not_a_verdict.json").write_text(json.dumps({"hello": "world"}))
+    (root / "not_json.json").write_text("this is { not json")
+    (root / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
+    signature = write_signature(root / "sig.yaml", MLP_SIGNATURE)
+    # a candidate published under a root the gate server does not mount
+    (root / "m").mkdir()
+    name = unique("nomount")
+    publish(numpy_mlp_folder(root / "m", name), f"s3://{stack.bucket}/elsewhere", s3=stack.s3)
+    return {
+        "dir": str(root / "a_dir"),
+        "missing": str(root / "missing.json"),
+        "not_verdict": str(root / "not_a_verdict.json"),
+        "not_json": str(root / "not_json.json"),
+        "binary": str(root / "binary.json"),
+        "signature": str(signature),
+        "out": str(root / "out"),
+        "closed": f"127.0.0.1:{free_port()}",
+        "unmounted_model": name,
+        "repo": f"s3://{stack.bucket}",
+        "elsewhere": f"s3://{stack.bucket}/elsewhere",
+        "no_bucket": "s3://no-such-bucket-here",
+    }
+
+
+# (subcommand words, arguments, what the sentence must say); {name} is filled from `files`
+CASES = [
+    (["export"], ["--model", "tests.models:make_mlp", "--signature", "{missing}", "--out", "{out}"], "does not exist"),
+    (["export"], ["--model", "tests.models:make_mlp", "--signature", "{dir}", "--out", "{out}"], "directory"),
+    (["compile"], ["{missing}", "--name", "m", "--out", "{out}"], "missing.json"),
+    (["compile"], ["{dir}", "--name", "m", "--out", "{out}"], "export.json"),
+    (["publish"], ["{missing}", "-r", "{repo}"], "missing.json"),
+    (
+        ["ensemble"],
+        [
+            "{dir}",
+            "--name",
+            "e",
+            "--signature",
+            "{missing}",
+            "--model",
+            "tests.models:make_mlp",
+            "--pre",
+            "{dir}",
+            "--pre-signature",
+            "{signature}",
+            "--post",
+            "{dir}",
+            "--post-signature",
+            "{signature}",
+            "--inputs",
+            "{missing}",
+            "--out",
+            "{out}",
+        ],
+        "missing.json",
+    ),
+    (["stage"], ["-r", "{repo}", "-m", "m", "--version", "1", "--gate", "{closed}"], "not published"),
+    (
+        ["stage"],
+        ["-r", "{elsewhere}", "-m", "{unmounted_model}", "--version", "1", "--gate", "{gate}"],
+        "does not see {unmounted_model}__candidate",
+    ),
+    (["tune"], ["-r", "{repo}", "-m", "m", "--version", "1", "--gate", "{closed}", "--out", "{out}"], "m"),
+    (
+        ["gate"],
+        [
+            "-r",
+            "{repo}",
+            "-m",
+            "m",
+            "--version",
+            "1",
+            "--gate",
+            "{gate}",
+            "--out",
+            "{out}",
+            "--stage-result",
+            "{missing}",
+        ],
+        "does not exist",
+    ),
+    (
+        ["gate"],
+        [
+            "-r",
+            "{repo}",
+            "-m",
+            "m",
+            "--version",
+            "1",
+            "--gate",
+            "{gate}",
+            "--out",
+            "{out}",
+            "--stage-result",
+            "{not_verdict}",
+        ],
+        "not a stage result",
+    ),
+    (
+        ["gate"],
+        ["-r", "{repo}", "-m", "m", "--version", "1", "--gate", "{gate}", "--out", "{out}", "--tuning", "{not_json}"],
+        "not a tuning result",
+    ),
+    (
+        ["gate"],
+        ["-r", "{repo}", "-m", "m", "--version", "1", "--gate", "{gate}", "--out", "{out}", "--design", "both"],
+        "design must be",
+    ),
+    (["promote"], ["-r", "{repo}", "--verdict", "{missing}", "--replicas", "{closed}"], "does not exist"),
+    (["promote"], ["-r", "{repo}", "--verdict", "{dir}", "--replicas", "{closed}"], "is a directory"),
+    (["promote"], ["-r", "{repo}", "--verdict", "{not_verdict}", "--replicas", "{closed}"], "not a verdict"),
+    (["promote"], ["-r", "{repo}", "--verdict", "{binary}", "--replicas", "{closed}"], "cannot be read"),
+    (["reject"], ["-r", "{repo}", "--verdict", "{not_json}"], "not a verdict"),
+    (["reconcile"], ["-r", "{repo}", "--replicas", "{closed}"], "did not answer"),
+    (["repo", "ls"], ["-r", "{no_bucket}"], "no-such-bucket-here"),
+    (["repo", "verify"], ["-r", "{no_bucket}"], "no-such-bucket-here"),
+    (["repo", "gc"], ["-r", "{no_bucket}"], "no-such-bucket-here"),
+    (["repo", "history"], ["m", "-r", "{no_bucket}"], "no-such-bucket-here"),
+    (["stack", "env"], ["--state-dir", "{dir}"], "no stack is up"),
+    (["stack", "down"], ["--state-dir", "{dir}"], "no stack is up"),
+    (["stack", "up"], ["--state-dir", "{binary}"], "binary.json"),
+    (["pipeline", "compile"], ["--out", "{dir}"], "is a directory"),
+    (["run"], ["--local", "--no-stack", "-p", "nope=1"], "no parameter 'nope'"),
+    (["submit"], ["--host", "http://{closed}", "-p", "nope=1"], "no parameter 'nope'"),
+    (["schedule"], ["--host", "http://{closed}", "--cron", "0 3 * * *"], "KFP takes 6"),
+    (["demo"], ["--workdir", "{binary}"], "binary.json"),
+]
+
+
+def _all_subcommands() -> set[tuple[str, ...]]:
+    import typer.main
+
+    click_app = typer.main.get_command(app)
+    found = set()
+    for name, command in click_app.commands.items():
+        if hasattr(command, "commands"):
+            found |= {(name, sub) for sub in command.commands}
+        else:
+            found.add((name,))
+    return found
+
+
+def test_the_walk_covers_every_subcommand():
+    assert {tuple(words) for words, _args, _expected in CASES} == _all_subcommands()
+
+
+@pytest.mark.parametrize(
+    ("words", "args", "expected"), CASES, ids=[" ".join(c[0]) + f"-{i}" for i, c in enumerate(CASES)]
+)
+def test_bad_arguments_get_one_sentence_and_exit_2(words, args, expected, files, stack, tmp_path):
+    values = {**files, "gate": stack.gate.http_url, "out": str(tmp_path / "out")}
+    argv = [a.format(**values) for a in args]
+    run = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *words, *argv], cwd=REPO, capture_output=True, text=True,
+        env={**os.environ, **stack.s3.env(), "COLUMNS": "200"}, timeout=300,
+    )  # fmt: skip
+    output = (run.stdout + run.stderr).strip()
+    assert run.returncode == 2, output
+    assert "Traceback" not in output
+    assert len(output.splitlines()) == 1, output
+    assert expected.format(**values) in output, output
