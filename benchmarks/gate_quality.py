@@ -48,6 +48,12 @@ def stable_median_us(stack: EmbeddedStack, folder: Path) -> float:
     return statistics.median(float(np.median(r.latencies_us)) for r in runs if r.ok)
 
 
+def round_log_ratios(result) -> list[float]:
+    """Each round's log(candidate p99 / stable p99): its spread over A/A rounds is the design's noise."""
+    pairs = zip(result.candidate.per_round(), result.stable.per_round(), strict=False)
+    return [float(np.log(c["p99_ms"] / s["p99_ms"])) for c, s in pairs if c["p99_ms"] and s["p99_ms"]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--designs", default="duet,alternating")
@@ -95,6 +101,7 @@ def main() -> None:
                             "verdict": result.verdict, "seconds": seconds[-1], "rounds": result.rounds,
                             "stopped": result.stopped, "reasons": result.reasons,
                             "effects": [e.to_dict() for e in result.effects],
+                            "round_p99_log_ratios": round_log_ratios(result),
                             "measurement_seconds": result.measurement_seconds,
                             "stable_load_seconds": result.stable_load_seconds,
                         })  # fmt: skip
@@ -116,6 +123,12 @@ def main() -> None:
         print(f"{r['design']:>11} {'+' + str(r['injected_pct']) + '%':>8} {r['trials']:>6} {r['pass']:>5} {r['fail']:>5} "
               f"{r['inconclusive']:>8} {'-' if observed is None else f'{observed:+.1f}%':>9} "
               f"{r['median_decision_seconds']:>8.1f} {r['max_decision_seconds']:>6.1f}")  # fmt: skip
+    for design in args.designs.split(","):
+        ratios = [x for r in results if r["design"] == design and r["injected_pct"] == 0
+                  for t in r["trial_details"] for x in t["round_p99_log_ratios"]]  # fmt: skip
+        if len(ratios) > 1:
+            print(f"A/A rounds, {design}: standard deviation of log(p99 ratio) {np.std(ratios, ddof=1):.3f} "
+                  f"over {len(ratios)} rounds")  # fmt: skip
     print(f"steady client: {client.total} requests to the production replicas, {client_failures} failed")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report = {
