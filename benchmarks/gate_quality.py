@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components import model_config, perf
 from components.gate import GateSettings, gate
+from components.promote import unload_candidate
 from components.publish import publish
 from components.repository import ModelRepository
 from components.stage import stage
@@ -88,7 +89,8 @@ def main() -> None:
                         (tmp_path / f"c{pct}").mkdir()
                         folder = numpy_mlp_folder(tmp_path / f"c{pct}", MODEL, delay_us=int(base_us * pct / 100))
                         candidates[pct] = publish(folder, repo_uri, run_id=f"inject-{pct}", s3=stack.s3).version
-                        stage(repo_uri, MODEL, candidates[pct], stack.gate.http_url, s3=stack.s3)
+                    # one release at a time: stage takes the model's lease, given back after the trials
+                    stage(repo_uri, MODEL, candidates[pct], stack.gate.http_url, s3=stack.s3, run_id=f"inject-{pct}")
                     verdicts, seconds, p99_changes, details = [], [], [], []
                     for trial in range(trials):
                         started = time.monotonic()
@@ -107,6 +109,8 @@ def main() -> None:
                         })  # fmt: skip
                         print(f"  {design} +{pct}% trial {trial + 1}: {result.verdict} after {result.rounds} rounds, "
                               f"{seconds[-1]:.0f} s ({'; '.join(result.reasons)[:140]})", flush=True)  # fmt: skip
+                    unload_candidate(stack.gate.http_url, MODEL)
+                    repo.release_lease(MODEL, f"inject-{pct}")
                     results.append({
                         "design": design, "injected_pct": pct, "delay_us": int(base_us * pct / 100),
                         "trials": len(verdicts), "pass": verdicts.count("pass"), "fail": verdicts.count("fail"),
@@ -115,6 +119,7 @@ def main() -> None:
                         "median_decision_seconds": statistics.median(seconds), "max_decision_seconds": max(seconds),
                         "trial_details": details,
                     })  # fmt: skip
+                    write(args.out, base_us, defaults, args, results)  # after every group: a crash loses nothing
         client_failures = len(client.failures)
     header = f"{'design':>11} {'injected':>8} {'trials':>6} {'pass':>5} {'fail':>5} {'inconcl.':>8} {'obs. p99':>9} {'median s':>8} {'max s':>6}"
     print("\n" + header)
@@ -130,12 +135,16 @@ def main() -> None:
             print(f"A/A rounds, {design}: standard deviation of log(p99 ratio) {np.std(ratios, ddof=1):.3f} "
                   f"over {len(ratios)} rounds")  # fmt: skip
     print(f"steady client: {client.total} requests to the production replicas, {client_failures} failed")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write(args.out, base_us, defaults, args, results, {"requests": client.total, "failures": client_failures})
+
+
+def write(out: Path, base_us: float, defaults: GateSettings, args, results: list, client: dict | None = None) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
     report = {
-        "base_median_us": base_us, "gate_settings": dataclasses.asdict(defaults), "arguments": vars(args) | {"out": str(args.out)},
-        "client_requests": client.total, "client_failures": client_failures, "results": results,
+        "base_median_us": base_us, "gate_settings": dataclasses.asdict(defaults),
+        "arguments": vars(args) | {"out": str(out)}, "steady_client": client, "results": results,
     }  # fmt: skip
-    args.out.write_text(json.dumps(report, indent=2, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+    out.write_text(json.dumps(report, indent=2, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
 
 
 if __name__ == "__main__":

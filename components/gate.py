@@ -220,6 +220,7 @@ def measure_sequentially(
     round_seconds = 0.0
     while True:
         runs: list[perf.PerfRun] = []
+        attempt = 0
         for attempt in range(1, settings.max_attempts + 1):
             attempt_started = clock()
             runs = measure_round(result.rounds)
@@ -239,7 +240,7 @@ def measure_sequentially(
             unstable = next(r for r in runs if not r.ok)
             result.verdict, result.stopped = "inconclusive", "a round could not be measured"
             result.reasons = [f"perf_analyzer on {unstable.model} v{unstable.version} could not measure round "
-                              f"{result.rounds + 1} in {settings.max_attempts} attempts: {unstable.reason}"]  # fmt: skip
+                              f"{result.rounds + 1} in {attempt} attempt(s): {unstable.reason}"]  # fmt: skip
             return
         result.rounds += 1
         c_ms, s_ms, c_s, s_s = round_requests(

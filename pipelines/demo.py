@@ -65,8 +65,23 @@ def summary_row(label: str, run: LocalRun) -> list[str]:
         f"{verdict.get('verdict', '-')} ({outcome})",
         f"{median['p99_ms']:.2f}" if median.get("p99_ms") else "-",
         f"{median['throughput']:,.0f}" if median.get("throughput") else "-",
-        "; ".join(verdict.get("reasons", []))[:90],
+        "; ".join(verdict.get("reasons", [])),
     ]
+
+
+def print_table(console: Console, table: Table, rows: list[list[str]]) -> None:
+    """The table; where it would wrap (no terminal, as in CI and KFP logs, or a narrow one), the reasons
+    leave the table and follow it in full, one plain line each."""
+    wide = console.is_terminal and console.measure(table).maximum <= console.width
+    if wide:
+        print_table(console, table, rows)
+        return
+    plain = Table(*[c.header for c in table.columns[:-1]], title=table.title)
+    for row in rows:
+        plain.add_row(*row[:-1])
+    console.print(plain, width=max(console.width, 100))
+    for row in rows:
+        console.print(f"{row[0]}: {row[-1] or '-'}", soft_wrap=True, highlight=False)
 
 
 def story_differences(runs: list[LocalRun], served: list[int | None]) -> list[str]:
@@ -88,7 +103,8 @@ def run_demo(console: Console, workdir: Path | None = None) -> int:
     table = Table(title=f"tritonship demo: three releases of '{MODEL}' (BERT4Rec on transformers)")
     for column in ("release", "version", "verdict", "p99 ms", "infer/s", "reason"):
         table.add_column(column)
-    runs = []
+    runs: list[LocalRun] = []
+    rows: list[list[str]] = []
     started = time.monotonic()
     with (
         console.status("starting S3, two production Tritons and a gate Triton") as status,
@@ -100,11 +116,12 @@ def run_demo(console: Console, workdir: Path | None = None) -> int:
             status.update(f"releasing {label} (export, compile, publish, stage, tune, gate, promote/reject)")
             run = run_local(demo_parameters(stack, source), workdir / "pipeline-runs", env=stack.s3.env())
             runs.append(run)
-            table.add_row(*summary_row(label, run))
+            rows.append(summary_row(label, run))
+            table.add_row(*rows[-1])
             console.print(f"  {label}: {run.verdict['verdict'] if run.verdict else '-'}  ({run.root})")
         request = {k: v[:1] for k, v in bert4rec_request().items()}
         served = [_served(s.http_url, request) for s in stack.replicas]
-    console.print(table)
+    print_table(console, table, rows)
     console.print(f"a client request to each production replica was answered by version(s) {served}")
     console.print(f"gate reports: {', '.join(str(r.root / 'gate-op' / 'report_html') for r in runs)}")
     console.print(f"finished in {time.monotonic() - started:.0f} s")

@@ -18,8 +18,8 @@ from components.reconcile import reconcile
 from components.repository import ModelRepository, candidate_name
 from components.stage import stage
 from components.triton_admin import TritonAdmin
-from pipelines.samples import recsys
-from tests.release_helpers import FIRST_RELEASE_GATE, TEST_GATE, SteadyClient, replicas, repository
+from pipelines.samples import bert4rec, recsys
+from tests.release_helpers import FIRST_RELEASE_GATE, TEST_GATE, SteadyClient, replicas, repository, unique
 
 NAME = "recsys"
 MEMBERS = ["recsys_pre", "recsys_model", "recsys_post"]
@@ -174,3 +174,18 @@ def test_cli_assembles_the_same_bundle_from_its_parts(tmp_path, bundles):
     _, outputs = load_golden(tmp_path / "bundle" / NAME / "1" / "golden.npz")
     for name, expected in golden_outputs.items():
         np.testing.assert_array_equal(outputs[name], expected)
+
+
+def test_bert4rec_ensemble_answers_catalogue_ids_like_its_reference(tmp_path, stack):
+    """The users' model in its production form: catalogue ids -> bert4rec_pre -> BERT4Rec (transformers,
+    exported with the default method) -> bert4rec_post -> catalogue ids, staged dark on the gate, where its
+    answers must equal the reference computed in Python from the same step code and the eager model."""
+    name = unique("b4r")
+    bundle = bert4rec.build_bundle(tmp_path / "bundle", name=name)
+    version = publish(bundle, repository(stack), s3=stack.s3).version
+    staged = stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
+    assert staged.accuracy_passed, staged.accuracy
+    assert {r.name for r in staged.accuracy} == {"recommended", "scores"}
+    history = bert4rec.histories(3, seed=5)
+    answer = TritonAdmin(stack.gate.http_url).infer(candidate_name(name), {"history": history}, ["recommended"])
+    assert np.isin(answer["recommended"], bert4rec.CATALOGUE_IDS).all()  # catalogue ids, never a special token

@@ -115,7 +115,7 @@ def test_perf_analyzer_exit_2_on_one_round_is_measured_again_not_inconclusive():
 
 def test_a_round_that_never_stabilises_is_inconclusive_after_its_attempts():
     result = _gate(FakeRounds(ratio=1.0, exit_codes=[2, 2, 2]), Thresholds())
-    assert result.verdict == "inconclusive" and "in 3 attempts" in result.reasons[0]
+    assert result.verdict == "inconclusive" and "in 3 attempt(s)" in result.reasons[0]
 
 
 @pytest.mark.parametrize(("code", "words"), [(3, "no valid requests"), (99, "unreachable"), (-9, "exited -9")])

@@ -158,3 +158,28 @@ def _assert_no_secret_in_outputs(stack, run_root: Path, logs: list[str], model: 
     assert len(texts) > 20
     leaks = [where for where, text in texts.items() if any(s in text for s in secrets)]
     assert leaks == [], f"credentials found in {leaks}"
+
+
+def test_demo_table_without_a_terminal_prints_every_reason_in_full():
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from pipelines.demo import print_table
+
+    reasons = [
+        "p99 +3.1% [-2.0, +8.2] (limit +10%): within; throughput -0.4% [-3.1, +2.4] (limit -10%): within",
+        "still undecided when the 90 s budget was spent: p99 +9.1% [+2.2, +16.5] (limit +10%): straddles; "
+        "throughput -8.0% [-12.9, -2.8] (limit -10%): straddles",
+    ]
+    rows = [[f"v{i + 1}", str(i + 1), "pass (promoted)", "3.10", "1,234", r] for i, r in enumerate(reasons)]
+    table = Table(*("release", "version", "verdict", "p99 ms", "infer/s", "reason"))
+    for row in rows:
+        table.add_row(*row)
+    buffer = io.StringIO()
+    print_table(Console(file=buffer, width=80, force_terminal=False), table, rows)
+    lines = buffer.getvalue().splitlines()
+    for row in rows:
+        assert f"{row[0]}: {row[-1]}" in lines  # whole, on one line of its own
+    assert all("straddles" not in line for line in lines if "│" in line)  # reasons left the table
