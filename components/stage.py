@@ -166,7 +166,7 @@ def stage(
     )  # fmt: skip
     log.event(LOG, "staged", model=model, version=version, gate=gate.url, accuracy_passed=passed)
     if load_error:
-        log.event(LOG, "the gate server could not load the candidate", level=30, error=load_error)
+        log.event(LOG, "the gate server could not load the candidate", error=load_error)  # the result says it
     elif not passed:
         log.event(LOG, "accuracy check failed", level=30, table="\n" + parity_table(accuracy))
     return result

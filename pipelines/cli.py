@@ -575,8 +575,14 @@ def reconcile_cmd(
 
     from components.reconcile import reconcile
     from components.replicas import resolve
+    from components.triton_admin import TritonAdmin
 
-    states = reconcile(repository, resolve(replicas), model or None, dry_run, s3_settings(s3_endpoint))
+    targets = resolve(replicas)
+    if not any(TritonAdmin(r.url, timeout=10, retries=1).is_live() for r in targets):
+        raise TritonshipError(
+            f"no replica answered ({', '.join(r.url for r in targets)}); check the addresses and that Triton runs there."
+        )
+    states = reconcile(repository, targets, model or None, dry_run, s3_settings(s3_endpoint))
     table = Table("replica", "model", "desired", "was serving", "action")
     for s in states:
         table.add_row(s.replica, s.model, ",".join(map(str, s.desired)), ",".join(map(str, s.serving)) or "-", s.action)
@@ -599,6 +605,8 @@ def pipeline_compile(
     """Compile the release pipeline to KFP IR YAML."""
     from pipelines.kubeflow import COMPILED, compile_pipeline
 
+    if out_path is not None and (out_path.is_dir() or out_path.suffix not in (".yaml", ".yml")):
+        raise TritonshipError(f"--out {out_path} must name a .yaml file, not a folder or another kind of file.")
     out_console_line(f"wrote {compile_pipeline(out_path or COMPILED)}")
 
 

@@ -46,8 +46,8 @@ def files(tmp_path_factory, stack) -> dict[str, str]:
 
 # (subcommand words, arguments, what the sentence must say); {name} is filled from `files`
 CASES = [
-    (["export"], ["--model", "tests.models:make_mlp", "--signature", "{missing}", "--out", "{out}"], "does not exist"),
-    (["export"], ["--model", "tests.models:make_mlp", "--signature", "{dir}", "--out", "{out}"], "directory"),
+    (["export"], ["--model", "tests.models:make_mlp", "--signature", "{missing}", "--out", "{out}"], "missing.json"),
+    (["export"], ["--model", "tests.models:make_mlp", "--signature", "{dir}", "--out", "{out}"], "a_dir"),
     (["compile"], ["{missing}", "--name", "m", "--out", "{out}"], "missing.json"),
     (["compile"], ["{dir}", "--name", "m", "--out", "{out}"], "export.json"),
     (["publish"], ["{missing}", "-r", "{repo}"], "missing.json"),
@@ -134,7 +134,7 @@ CASES = [
     (["promote"], ["-r", "{repo}", "--verdict", "{not_verdict}", "--replicas", "{closed}"], "not a verdict"),
     (["promote"], ["-r", "{repo}", "--verdict", "{binary}", "--replicas", "{closed}"], "cannot be read"),
     (["reject"], ["-r", "{repo}", "--verdict", "{not_json}"], "not a verdict"),
-    (["reconcile"], ["-r", "{repo}", "--replicas", "{closed}"], "did not answer"),
+    (["reconcile"], ["-r", "{repo}", "--replicas", "{closed}"], "no replica answered"),
     (["repo", "ls"], ["-r", "{no_bucket}"], "no-such-bucket-here"),
     (["repo", "verify"], ["-r", "{no_bucket}"], "no-such-bucket-here"),
     (["repo", "gc"], ["-r", "{no_bucket}"], "no-such-bucket-here"),
@@ -142,7 +142,7 @@ CASES = [
     (["stack", "env"], ["--state-dir", "{dir}"], "no stack is up"),
     (["stack", "down"], ["--state-dir", "{dir}"], "no stack is up"),
     (["stack", "up"], ["--state-dir", "{binary}"], "binary.json"),
-    (["pipeline", "compile"], ["--out", "{dir}"], "is a directory"),
+    (["pipeline", "compile"], ["--out", "{dir}"], "must name a .yaml file"),
     (["run"], ["--local", "--no-stack", "-p", "nope=1"], "no parameter 'nope'"),
     (["submit"], ["--host", "http://{closed}", "-p", "nope=1"], "no parameter 'nope'"),
     (["schedule"], ["--host", "http://{closed}", "--cron", "0 3 * * *"], "KFP takes 6"),
