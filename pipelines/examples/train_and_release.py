@@ -7,6 +7,7 @@ release steps as a sub-pipeline. Runs on Kubeflow and under the local runner:
 from kfp import dsl
 from kfp.dsl import Model, Output
 
+from components import gate as gate_defaults
 from pipelines.images import image
 from pipelines.pipeline import compile_op, export_trained_op, release_steps
 from pipelines.sample_models import SAMPLE_SIGNATURE
@@ -55,9 +56,11 @@ def train_and_release(
     )  # fmt: skip
     release_steps(
         compiled=compiled.outputs["compiled"], model_name=model_name, repository=repository, s3_endpoint=s3_endpoint,
-        aws_secret_name=aws_secret_name, replicas=replicas, gate=gate, concurrency=1, window_ms=1000,
-        design="duet", min_rounds=4, budget_s=90.0, max_p99_ms=max_p99_ms, min_throughput=0.0,
-        max_p99_regression_pct=10.0, max_throughput_regression_pct=10.0, tune=False, tune_budget=0,
+        aws_secret_name=aws_secret_name, replicas=replicas, gate=gate,
+        concurrency=gate_defaults.DEFAULT_CONCURRENCY, window_ms=gate_defaults.DEFAULT_WINDOW_MS, design="duet",
+        min_rounds=gate_defaults.DEFAULT_MIN_ROUNDS, budget_s=gate_defaults.DEFAULT_BUDGET_S, max_p99_ms=max_p99_ms,
+        min_throughput=0.0, max_p99_regression_pct=gate_defaults.DEFAULT_MAX_REGRESSION_PCT,
+        max_throughput_regression_pct=gate_defaults.DEFAULT_MAX_REGRESSION_PCT, tune=False, tune_budget=0,
     )  # fmt: skip
 
 
