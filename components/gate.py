@@ -335,6 +335,8 @@ def _measure(
         return
     find_perf_analyzer()  # raises a plain error if it is missing
     candidate = read_candidate(repo, result.model, result.version)
+    with TritonAdmin(gate_url) as admin:
+        admin.ensure_live()  # an unreachable gate is a failure, whatever the limits
     t = settings.thresholds
     with_stable = desired is not None and t.relative
     if not t.absolute and not with_stable:

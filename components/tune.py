@@ -41,7 +41,7 @@ WARM_UP_REQUESTS = 20
 
 @dataclass(frozen=True)
 class TuneSettings:
-    load: perf.LoadSettings = field(default_factory=perf.LoadSettings)
+    load: perf.LoadSettings = field(default_factory=lambda: perf.LoadSettings(concurrency=4))
     max_p99_ms: float | None = None
     p99_slack_pct: float = 10.0
     budget: int = 16

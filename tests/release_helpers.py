@@ -100,7 +100,9 @@ class SteadyClient:
         self._threads = [threading.Thread(target=self._run, args=(u,), daemon=True) for u in urls]
 
     def _run(self, url: str) -> None:
-        admin = TritonAdmin(url, timeout=10, retries=1)
+        # 30 s: on this 2-core machine the gate's perf_analyzers and backends share the cores with the
+        # production replicas (in a cluster they do not); a request still unanswered then has failed.
+        admin = TritonAdmin(url, timeout=30, retries=1)
         while not self._stop.is_set():
             started = time.monotonic()
             try:

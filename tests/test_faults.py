@@ -220,8 +220,10 @@ def test_production_triton_killed_and_restarted_during_promotion(tmp_path, stack
     assert TritonAdmin(stack.replicas[1].http_url).ready_versions(name) == [2]
 
 
-def _kill_when_perf_analyzer_measures(gate_url: str, action: Callable[[int], None]) -> threading.Thread:
-    """Run `action(pid)` once a perf_analyzer aimed at `gate_url` has measured for a second."""
+def _kill_when_perf_analyzer_measures(
+    gate_url: str, action: Callable[[int], None], after_s: float = 1.0
+) -> threading.Thread:
+    """Run `action(pid)` once a perf_analyzer aimed at `gate_url` has measured for `after_s`."""
 
     def watch() -> None:
         deadline = time.monotonic() + 120
@@ -232,7 +234,7 @@ def _kill_when_perf_analyzer_measures(gate_url: str, action: Callable[[int], Non
                 except OSError:
                     continue
                 if argv and argv[0].endswith(b"perf_analyzer") and gate_url.encode() in argv:
-                    time.sleep(1.0)
+                    time.sleep(after_s)
                     action(int(pid))
                     return
             time.sleep(0.05)
@@ -280,7 +282,10 @@ def test_perf_analyzer_killed_mid_run_fails_closed_and_the_rerun_completes(tmp_p
     repository = f"s3://{stack.bucket}"
     version = publish(_mlp(tmp_path, name, "v2", seed=8), repository, "run-perf-kill", s3=stack.s3).version
     stage(repository, name, version, stack.gate.http_url, s3=stack.s3, run_id="run-perf-kill")
-    watcher = _kill_when_perf_analyzer_measures(stack.gate.http_url, lambda pid: os.kill(pid, signal.SIGKILL))
+    # a round of this gate's 250 ms windows lasts about a second: kill well inside it
+    watcher = _kill_when_perf_analyzer_measures(
+        stack.gate.http_url, lambda pid: os.kill(pid, signal.SIGKILL), after_s=0.2
+    )
     verdict = _gate_again(stack, name, version, "run-perf-kill")
     watcher.join(timeout=5)
     assert verdict.verdict == "fail" and "exited -9" in verdict.reasons[0], verdict.reasons

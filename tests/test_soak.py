@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from components.gate import GateSettings, Thresholds, gate
 from components.promote import promote, reject
@@ -69,6 +70,7 @@ def _stubs(stack: EmbeddedStack) -> dict[str, int]:
     }
 
 
+@pytest.mark.timeout(1500)  # 30 releases, each gated for at least 5 rounds: about 10 minutes here
 def test_thirty_releases_with_clients_running(tmp_path, stack):
     """A first release gives the client a stable version to call; then 30 releases under load."""
     name = unique("soak")
