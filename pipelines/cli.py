@@ -457,6 +457,9 @@ def tune_cmd(
     out_console_line(f"chosen: {result.chosen} ({len(result.trials)} of {result.grid_size} settings measured)")
 
 
+RelativeLimitOption = Annotated[float, typer.Option(help="limit relative to stable, percent; 0 switches it off")]
+
+
 @app.command("gate")
 @friendly_errors
 def gate_cmd(
@@ -482,12 +485,8 @@ def gate_cmd(
     ] = gate_defaults.DEFAULT_BUDGET_S,
     max_p99_ms: Annotated[float | None, typer.Option(help="absolute limit on candidate p99 latency")] = None,
     min_throughput: Annotated[float | None, typer.Option(help="absolute limit on candidate inferences/s")] = None,
-    max_p99_regression_pct: Annotated[
-        float, typer.Option(help="limit relative to stable; 0 switches it off")
-    ] = gate_defaults.DEFAULT_MAX_REGRESSION_PCT,
-    max_throughput_regression_pct: Annotated[
-        float, typer.Option(help="limit relative to stable; 0 switches it off")
-    ] = gate_defaults.DEFAULT_MAX_REGRESSION_PCT,
+    max_p99_regression_pct: RelativeLimitOption = gate_defaults.DEFAULT_MAX_REGRESSION_PCT,
+    max_throughput_regression_pct: RelativeLimitOption = gate_defaults.DEFAULT_MAX_REGRESSION_PCT,
     tuning: TuningOption = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:

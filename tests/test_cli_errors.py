@@ -44,6 +44,7 @@ def files(tmp_path_factory, stack) -> dict[str, str]:
     }
 
 
+GATE_ARGS = ["-r", "{repo}", "-m", "m", "--version", "1", "--gate", "{gate}", "--out", "{out}"]
 # (subcommand words, arguments, what the sentence must say); {name} is filled from `files`
 CASES = [
     (["export"], ["--model", "tests.models:make_mlp", "--signature", "{missing}", "--out", "{out}"], "missing.json"),
@@ -86,16 +87,7 @@ CASES = [
     (
         ["gate"],
         [
-            "-r",
-            "{repo}",
-            "-m",
-            "m",
-            "--version",
-            "1",
-            "--gate",
-            "{gate}",
-            "--out",
-            "{out}",
+            *GATE_ARGS,
             "--stage-result",
             "{missing}",
         ],
@@ -104,16 +96,7 @@ CASES = [
     (
         ["gate"],
         [
-            "-r",
-            "{repo}",
-            "-m",
-            "m",
-            "--version",
-            "1",
-            "--gate",
-            "{gate}",
-            "--out",
-            "{out}",
+            *GATE_ARGS,
             "--stage-result",
             "{not_verdict}",
         ],
@@ -121,12 +104,12 @@ CASES = [
     ),
     (
         ["gate"],
-        ["-r", "{repo}", "-m", "m", "--version", "1", "--gate", "{gate}", "--out", "{out}", "--tuning", "{not_json}"],
+        [*GATE_ARGS, "--tuning", "{not_json}"],
         "not a tuning result",
     ),
     (
         ["gate"],
-        ["-r", "{repo}", "-m", "m", "--version", "1", "--gate", "{gate}", "--out", "{out}", "--design", "both"],
+        [*GATE_ARGS, "--design", "both"],
         "design must be",
     ),
     (["promote"], ["-r", "{repo}", "--verdict", "{missing}", "--replicas", "{closed}"], "does not exist"),
