@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from components import log
+from components import admin_key, log
 from components.tools import find_perf_analyzer
 
 LOG = log.get("perf")
@@ -188,6 +188,9 @@ def _arguments(url: str, model: str, input_data: Path, load: LoadSettings, versi
     ]  # fmt: skip
     if version:
         args += ["-x", version]
+    key = admin_key.from_env()
+    if key:  # perf_analyzer reads the model's config, an admin API on a locked server
+        args += ["-H", f"{admin_key.HEADER}:{key}"]
     if load.percentile:
         args += ["--percentile", str(load.percentile)]
     if load.request_rate:

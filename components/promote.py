@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from components import ensemble, log, model_config
 from components.errors import TritonshipError
@@ -41,9 +41,19 @@ Progress = Callable[[str, Replica], None]
 
 
 class PromotionError(TritonshipError):
-    """The promotion failed; the previous version was restored where possible."""
+    """The promotion failed and every replica was brought back to the previous version."""
 
     exit_code = 1
+
+    def __init__(self, message: str, result: PromoteResult | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class PartialRevert(PromotionError):
+    """The promotion failed and at least one replica could not be brought back: run the reconcile it names."""
+
+    exit_code = 4
 
 
 @dataclass
@@ -53,9 +63,24 @@ class PromoteResult:
     previous_version: int | None
     replicas: list[str]
     promoted: bool
-    reverted: bool = False
+    reverted: bool = False  # every replica is back on the previous version (after a failed promotion)
     problems: list[str] = field(default_factory=list)
     load_seconds: list[float] = field(default_factory=list)  # per replica, Triton's own load time
+    after_revert: list[ReplicaOutcome] = field(default_factory=list)  # what each replica serves after a revert
+
+
+@dataclass
+class ReplicaOutcome:
+    """One replica after a failed promotion, as it answered when asked: never what we meant it to serve."""
+
+    url: str
+    serving: list[int] | None  # ready versions of the model; None when the replica did not answer
+    reverted: bool  # it serves the previous version and not the candidate (nothing at all before a first release)
+
+    def describe(self) -> str:
+        if self.serving is None:
+            return f"{self.url} did not answer"
+        return f"{self.url} serves " + ("+".join(f"v{v}" for v in self.serving) or "nothing")
 
 
 @dataclass
@@ -180,13 +205,22 @@ def _promote(
         result.problems.append(str(exc))
         _revert(repo, release, admins, previous, new_etag, member_state, member_etags, result)
         try:
-            repo.record(model, "reverted", version, run_id, previous_version=previous_version, problems=result.problems)
+            repo.record(model, "reverted", version, run_id, previous_version=previous_version, complete=result.reverted,
+                        replicas=[asdict(state) for state in result.after_revert], problems=result.problems)  # fmt: skip
         except S3Error as record_error:
             result.problems.append(f"the history event could not be written ({record_error})")
         stable = f"v{previous_version}" if previous_version else "no version"
-        outcome = f"was reverted to {stable}" if result.reverted else f"could not be reverted to {stable}"
-        raise PromotionError(
-            f"promotion of {model} v{version} failed and {outcome}: {'; '.join(result.problems)}"
+        if result.reverted:
+            raise PromotionError(
+                f"promotion of {model} v{version} failed and every replica was reverted to {stable}: "
+                f"{'; '.join(result.problems)}", result,
+            ) from None  # fmt: skip
+        raise PartialRevert(
+            f"promotion of {model} v{version} failed and could not be reverted to {stable} "
+            f"({', '.join(s.describe() for s in result.after_revert)}): {'; '.join(result.problems)}; "
+            "once S3 and every replica answer, run "
+            f"`tritonship reconcile -r {repo.uri} -m {model} --replicas {','.join(r.url for r in replicas)}`",
+            result,
         ) from None
     finally:
         for admin in admins:
@@ -221,7 +255,7 @@ def _revert(
     """Desired state first (so restarted pods come up right), then every replica not already back on stable.
 
     Without S3 neither can be done (a Triton load would fail after holding requests): the replicas are
-    left as they are and the problem names the command that converges them once S3 is back."""
+    left as they are. `result.reverted` is true only when S3 and every replica, asked afterwards, are back."""
     candidate = release.candidate
     model = candidate.model
     try:
@@ -229,16 +263,14 @@ def _revert(
         for name, (member_previous, _etag) in member_state.items():
             _write_or_delete(repo, name, member_previous, member_etags[name])
     except S3Error as exc:
-        versions = [candidate.version, *(previous.version_policy.specific.versions if previous else [])]
-        serving = ", ".join(_serving(a, model, versions) for a in admins)
+        stable_versions = previous.version_policy.specific.versions if previous else []
+        result.after_revert = [_state(admin, model, candidate.version, stable_versions) for admin in admins]
         result.problems.append(
             f"S3 could not be written to revert the desired state, which still names v{candidate.version} ({exc}); "
-            f"the replicas were left as they are ({serving}); once S3 answers, run `tritonship reconcile "
-            f"-r {repo.uri} -m {model} --replicas {','.join(a.url for a in admins)}` to serve v{candidate.version} "
-            "everywhere"
+            "the replicas were left as they are"
         )
         log.event(LOG, "not reverted", model=model, version=candidate.version, level=40)
-        return
+        return  # result.reverted stays False: S3 still names the candidate
     for admin in admins:
         try:
             if previous is None:
@@ -255,8 +287,19 @@ def _revert(
                 admin.load(member.name, member)
         except TritonshipError as exc:
             result.problems.append(f"revert of {admin.url}: {exc}")
-    result.reverted = True
-    log.event(LOG, "reverted", model=model, version=candidate.version, level=30)
+    stable_versions = previous.version_policy.specific.versions if previous else []
+    result.after_revert = [_state(admin, model, candidate.version, stable_versions) for admin in admins]
+    result.reverted = all(state.reverted for state in result.after_revert)
+    log.event(LOG, "reverted" if result.reverted else "partly reverted", model=model, version=candidate.version,
+              level=30 if result.reverted else 40)  # fmt: skip
+
+
+def _state(admin: TritonAdmin, model: str, candidate: int, stable: list[int]) -> ReplicaOutcome:
+    try:
+        serving = [v for v in (candidate, *stable) if admin.is_ready(model, v)]
+    except TritonshipError:
+        return ReplicaOutcome(admin.url, None, False)
+    return ReplicaOutcome(admin.url, serving, candidate not in serving and all(v in serving for v in stable))
 
 
 def _write_or_delete(repo: ModelRepository, model: str, config: model_config.ModelConfig | None, etag: str) -> None:
@@ -264,15 +307,6 @@ def _write_or_delete(repo: ModelRepository, model: str, config: model_config.Mod
         repo.write_desired_config(model, config, etag)
     else:
         repo.delete_desired_config(model)
-
-
-def _serving(admin: TritonAdmin, model: str, versions: list[int]) -> str:
-    """Which of `versions` `admin` has ready, asked without S3 (the repository index would need it)."""
-    try:
-        ready = [v for v in versions if admin.is_ready(model, v)]
-    except TritonshipError:
-        return f"{admin.url} unreachable"
-    return f"{admin.url} serves " + ("+".join(f"v{v}" for v in ready) or "nothing")
 
 
 def unload_candidate(gate_url: str, model: str) -> bool:

@@ -467,6 +467,27 @@ class ModelRepository:
         self._call("release the lease", self.s3.delete_object, Bucket=self.bucket, Key=key)
         return True
 
+    def lease(self, model: str) -> dict[str, Any] | None:
+        """The model's release lease (owner, acquired, expires as epoch seconds), or None when nobody holds it."""
+        return self._read_lease(self._key("leases", f"{model}.json"))[0]
+
+    def break_lease(self, model: str, force: bool = False, by: str = "") -> dict[str, Any] | None:
+        """Give back a lease someone else holds, for an operator whose release died. An unexpired lease's
+        run may still be alive: it is broken only with `force`. Recorded in the history; returns the lease."""
+        key = self._key("leases", f"{model}.json")
+        current, _etag = self._read_lease(key)
+        if current is None:
+            return None
+        left = current["expires"] - time.time()
+        if left > 0 and not force:
+            raise LeaseHeld(
+                f"'{model}' is held by {current['owner']} for {left:.0f} s more and that run may still be alive; "
+                "make sure it is not, then release with --force."
+            )
+        self._call("release the lease", self.s3.delete_object, Bucket=self.bucket, Key=key)
+        self.record(model, "lease released", None, by, owner=current["owner"], forced=left > 0)
+        return current
+
     def _read_lease(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
         body, etag = self._get_with_etag(key)
         return (json.loads(body), etag) if body is not None else (None, None)

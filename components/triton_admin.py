@@ -11,7 +11,7 @@ import numpy as np
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from components import log
+from components import admin_key, log
 from components.errors import TritonshipError
 from components.model_config import ModelConfig, to_json
 
@@ -32,12 +32,17 @@ def _normalise(url: str) -> str:
 
 
 class TritonAdmin:
-    """One Triton server's HTTP endpoint (host:port)."""
+    """One Triton server's HTTP endpoint (host:port). Admin calls carry the admin key (components/admin_key.py,
+    from the environment unless given): load, unload, the repository index and model configs."""
 
-    def __init__(self, url: str, timeout: float = 30.0, load_timeout: float = 300.0, retries: int = 3) -> None:
+    def __init__(
+        self, url: str, timeout: float = 30.0, load_timeout: float = 300.0, retries: int = 3, key: str | None = None
+    ) -> None:
         self.url = _normalise(url)
         self.timeout = timeout
         self.retries = retries
+        key = key if key is not None else admin_key.from_env()
+        self._admin = {admin_key.HEADER: key} if key else None
         self._client = httpclient.InferenceServerClient(self.url, connection_timeout=timeout, network_timeout=timeout)
         # Loads download the model from S3 and initialise it: a separate, longer limit.
         self._load_client = httpclient.InferenceServerClient(
@@ -74,7 +79,10 @@ class TritonAdmin:
         self._call(
             f"load model '{model}'",
             lambda: self._load_client.load_model(
-                model, config=to_json(config) if config is not None else None, files=dict(files) if files else None
+                model,
+                headers=self._admin,
+                config=to_json(config) if config is not None else None,
+                files=dict(files) if files else None,
             ),
             retry=False,
         )
@@ -82,7 +90,8 @@ class TritonAdmin:
     def unload(self, model: str, unload_dependents: bool = False) -> None:
         log.event(LOG, "unload", server=self.url, model=model)
         self._call(
-            f"unload model '{model}'", lambda: self._client.unload_model(model, unload_dependents=unload_dependents)
+            f"unload model '{model}'",
+            lambda: self._client.unload_model(model, headers=self._admin, unload_dependents=unload_dependents),
         )
 
     def unload_with_members(self, model: str) -> None:
@@ -122,7 +131,11 @@ class TritonAdmin:
         )
 
     def repository_index(self) -> list[dict[str, Any]]:
-        return self._call("read the repository index", self._client.get_model_repository_index, retry=True)
+        return self._call(
+            "read the repository index",
+            lambda: self._client.get_model_repository_index(headers=self._admin),
+            retry=True,
+        )
 
     def statistics(self, model: str = "", version: int | str = "") -> dict[str, Any]:
         return self._call(
@@ -133,7 +146,9 @@ class TritonAdmin:
 
     def model_config(self, model: str, version: int | str = "") -> dict[str, Any]:
         return self._call(
-            f"read the config of '{model}'", lambda: self._client.get_model_config(model, str(version)), retry=True
+            f"read the config of '{model}'",
+            lambda: self._client.get_model_config(model, str(version), headers=self._admin),
+            retry=True,
         )
 
     # ------------------------------------------------------------------------------- inference
@@ -208,13 +223,19 @@ class TritonAdmin:
                         time.sleep(0.5 * attempt)
                         continue
                     raise TritonUnreachable(self._unreachable(what)) from None
-                raise TritonError(f"Triton at {self.url} could not {what}: {exc.message()}") from None
+                raise TritonError(f"Triton at {self.url} could not {what}: {exc.message()}{self._hint(exc)}") from None
             except OSError:
                 if attempt < attempts:
                     time.sleep(0.5 * attempt)
                     continue
                 raise TritonUnreachable(self._unreachable(what)) from None
         raise AssertionError("unreachable")
+
+    def _hint(self, exc: InferenceServerException) -> str:
+        if "restricted" not in (exc.message() or "").lower() and str(exc.status()) != "403":
+            return ""
+        given = "the admin key given is not the server's" if self._admin else "no admin key was given"
+        return f" ({given}; set {admin_key.ENV} or {admin_key.FILE_ENV} to the key the server was started with)"
 
     def _unreachable(self, what: str) -> str:
         return f"Triton at {self.url} did not answer (trying to {what}); check the URL and that the server is running."

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -378,6 +379,25 @@ UnloadGateOption = Annotated[
 ]
 
 
+@contextlib.contextmanager
+def lease_given_back_on_failure(
+    repository: str, model: str, version: int, endpoint: str | None
+) -> Iterator[list[bool]]:
+    """A stage or gate run by hand that fails gives its release lease back (a pipeline run's exit handler does
+    this for runs): the next release need not wait an hour for it. The body appends True when it succeeded."""
+    succeeded: list[bool] = []
+    try:
+        yield succeeded
+    finally:
+        if not succeeded:
+            from components.repository import ModelRepository, lease_owner
+
+            try:
+                ModelRepository(repository, s3_settings(endpoint)).release_lease(model, lease_owner("", model, version))
+            except TritonshipError as exc:  # the failure itself is what the user must see; the lease expires
+                log.event(log.get("cli"), "lease not given back", model=model, reason=str(exc), level=30)
+
+
 def _one_server(spec: str) -> str:
     from components.replicas import resolve
 
@@ -398,18 +418,21 @@ def stage_cmd(
     from components.parity import parity_table
     from components.stage import stage
 
-    with console.status(f"loading {model} v{version} on the gate"):
-        staged = stage(repository, model, version, _one_server(gate), s3=s3_settings(s3_endpoint))
-    if staged.load_error:
-        raise TritonshipError(f"the gate server could not load the candidate: {staged.load_error}")
-    out_console_line(parity_table(staged.accuracy))
-    if result:
-        result.write_text(staged.to_json())
-    out_console_line(
-        f"staged {staged.candidate} v{version} on {staged.gate_url}: accuracy {'ok' if staged.accuracy_passed else 'FAILED'}"
-    )
-    if not staged.accuracy_passed:
-        raise typer.Exit(1)
+    with lease_given_back_on_failure(repository, model, version, s3_endpoint) as succeeded:
+        with console.status(f"loading {model} v{version} on the gate"):
+            staged = stage(repository, model, version, _one_server(gate), s3=s3_settings(s3_endpoint))
+        if staged.load_error:
+            raise TritonshipError(f"the gate server could not load the candidate: {staged.load_error}")
+        out_console_line(parity_table(staged.accuracy))
+        if result:
+            result.write_text(staged.to_json())
+        out_console_line(
+            f"staged {staged.candidate} v{version} on {staged.gate_url}: "
+            f"accuracy {'ok' if staged.accuracy_passed else 'FAILED'}"
+        )
+        if not staged.accuracy_passed:
+            raise typer.Exit(1)
+        succeeded.append(True)
 
 
 TuningOption = Annotated[Path | None, typer.Option(help="tuning.json written by `tritonship tune`")]
@@ -502,16 +525,18 @@ def gate_cmd(
     )  # fmt: skip
     staged = read_result(stage_result, "stage result", StageResult.from_json) if stage_result else None
     tuned = read_result(tuning, "tuning result", TuneResult.from_json) if tuning else None
-    with console.status(f"measuring {model} v{version} against stable (at most {budget_s:g} s)"):
-        result = gate_step.gate(
-            repository, model, version, _one_server(gate), settings, staged, out, s3=s3_settings(s3_endpoint),
-            tuning=tuned,
-        )  # fmt: skip
-    if (out / "report.md").exists():
-        out_console_line((out / "report.md").read_text())
-    out_console_line(f"verdict: {result.verdict}")
-    if result.verdict != "pass":
-        raise typer.Exit(1)
+    with lease_given_back_on_failure(repository, model, version, s3_endpoint) as succeeded:
+        with console.status(f"measuring {model} v{version} against stable (at most {budget_s:g} s)"):
+            result = gate_step.gate(
+                repository, model, version, _one_server(gate), settings, staged, out, s3=s3_settings(s3_endpoint),
+                tuning=tuned,
+            )  # fmt: skip
+        if (out / "report.md").exists():
+            out_console_line((out / "report.md").read_text())
+        out_console_line(f"verdict: {result.verdict}")
+        if result.verdict != "pass":
+            raise typer.Exit(1)
+        succeeded.append(True)
 
 
 @app.command("promote")
@@ -588,6 +613,50 @@ def reconcile_cmd(
     out.print(table)
     if not all(s.ok for s in states):
         raise typer.Exit(1)
+
+
+lease_app = typer.Typer(no_args_is_help=True, help="The per-model release lease (one release of a model at a time).")
+app.add_typer(lease_app, name="lease")
+
+
+@lease_app.command("show")
+@friendly_errors
+def lease_show(model: ModelOption, repository: RepositoryOption, s3_endpoint: EndpointOption = None) -> None:
+    """Who holds the model's release lease, since when, and until when."""
+    import time
+    from datetime import UTC, datetime
+
+    held = _repository(repository, s3_endpoint).lease(model)
+    if held is None:
+        out_console_line(f"nobody holds the release lease of {model}")
+        return
+    left = held["expires"] - time.time()
+    expires = datetime.fromtimestamp(held["expires"], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    acquired = datetime.strptime(held["acquired"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    age = (datetime.now(UTC) - acquired).total_seconds()
+    state = (
+        f"expires {expires} (in {left:.0f} s)" if left > 0 else f"expired {expires} (the next release takes it over)"
+    )
+    out_console_line(f"{model}: held by {held['owner']} for {age:.0f} s; {state}")
+
+
+@lease_app.command("release")
+@friendly_errors
+def lease_release(
+    model: ModelOption,
+    repository: RepositoryOption,
+    force: Annotated[
+        bool, typer.Option(help="also while the lease has not expired (its run may still be alive)")
+    ] = False,
+    s3_endpoint: EndpointOption = None,
+) -> None:
+    """Give back a release lease whose run died; recorded in the model's history."""
+    import getpass
+
+    held = _repository(repository, s3_endpoint).break_lease(model, force, by=f"lease release by {getpass.getuser()}")
+    out_console_line(
+        f"released the lease {held['owner']} held on {model}" if held else f"nobody held the lease of {model}"
+    )
 
 
 # ---------------------------------------------------------------------------------- pipeline / runs

@@ -11,10 +11,12 @@ from typing import NamedTuple
 from kfp import dsl, kubernetes
 from kfp.dsl import HTML, Input, Markdown, Metrics, Model, Output
 
+from components import admin_key
 from components import gate as gate_defaults
 from pipelines.images import image
 
 AWS_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
+ADMIN_SECRET_KEYS = {"admin-key": admin_key.ENV}  # the Secret the Helm chart's Tritons take their admin key from
 # One line: KFP copies defaults into the compiled file's header comment, and a multi-line default breaks it.
 DEFAULT_SIGNATURE = (
     '{"batch": true, "max_batch_size": 16, "inputs": [{"name": "features", "dtype": "fp32", "shape": [-1, 32]}], '
@@ -266,6 +268,14 @@ def _with_s3_secret(task: dsl.PipelineTask, secret_name: str) -> dsl.PipelineTas
     return kubernetes.use_secret_as_env(task, secret_name=secret_name, secret_key_to_env=AWS_SECRET_KEYS, optional=True)
 
 
+def _with_secrets(task: dsl.PipelineTask, aws_secret_name: str, admin_secret_name: str) -> dsl.PipelineTask:
+    """S3 credentials and the Tritons' admin key, for the steps that load and unload models."""
+    _with_s3_secret(task, aws_secret_name)
+    return kubernetes.use_secret_as_env(
+        task, secret_name=admin_secret_name, secret_key_to_env=ADMIN_SECRET_KEYS, optional=True
+    )
+
+
 @dsl.pipeline(name="tritonship-release-steps", description="publish, stage, gate, then promote or reject")
 def release_steps(
     compiled: Input[Model],
@@ -273,6 +283,7 @@ def release_steps(
     repository: str,
     s3_endpoint: str,
     aws_secret_name: str,
+    admin_secret_name: str,
     replicas: str,
     gate: str,
     concurrency: int,
@@ -288,10 +299,10 @@ def release_steps(
     tune_budget: int,
 ):
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-    cleanup = _with_s3_secret(
+    cleanup = _with_secrets(
         finish_release_op(repository=repository, model_name=model_name, gate=gate, s3_endpoint=s3_endpoint,
                           run_id=run_id),
-        aws_secret_name,
+        aws_secret_name, admin_secret_name,
     )  # fmt: skip
     with dsl.ExitHandler(cleanup, name="always-finish-release"):
         published = _with_s3_secret(
@@ -299,20 +310,20 @@ def release_steps(
             aws_secret_name,
         )
         version = published.outputs["version"]
-        staged = _with_s3_secret(
+        staged = _with_secrets(
             stage_op(repository=repository, model_name=model_name, version=version, gate=gate, s3_endpoint=s3_endpoint,
                      run_id=run_id),
-            aws_secret_name,
+            aws_secret_name, admin_secret_name,
         )  # fmt: skip
-        tuned = _with_s3_secret(
+        tuned = _with_secrets(
             tune_op(
                 repository=repository, model_name=model_name, version=version, gate=gate, stage_result=staged.output,
                 s3_endpoint=s3_endpoint, run_id=run_id, enabled=tune, budget=tune_budget, concurrency=concurrency,
                 window_ms=window_ms, max_p99_ms=max_p99_ms,
             ),
-            aws_secret_name,
+            aws_secret_name, admin_secret_name,
         )  # fmt: skip
-        gated = _with_s3_secret(
+        gated = _with_secrets(
             gate_op(
                 repository=repository, model_name=model_name, version=version, gate=gate, stage_result=staged.output,
                 tuning_json=tuned.outputs["Output"], s3_endpoint=s3_endpoint, run_id=run_id, concurrency=concurrency,
@@ -320,20 +331,20 @@ def release_steps(
                 min_throughput=min_throughput, max_p99_regression_pct=max_p99_regression_pct,
                 max_throughput_regression_pct=max_throughput_regression_pct,
             ),
-            aws_secret_name,
+            aws_secret_name, admin_secret_name,
         )  # fmt: skip
         with dsl.If(gated.outputs["verdict"] == "pass", name="verdict-pass"):
-            _with_s3_secret(
+            _with_secrets(
                 promote_op(repository=repository, model_name=model_name, version=version, replicas=replicas, gate=gate,
                            verdict_json=gated.outputs["verdict_json"], tuning_json=tuned.outputs["Output"],
                            s3_endpoint=s3_endpoint, run_id=run_id),
-                aws_secret_name,
+                aws_secret_name, admin_secret_name,
             )  # fmt: skip
         with dsl.Else(name="verdict-not-pass"):
-            _with_s3_secret(
+            _with_secrets(
                 reject_op(repository=repository, model_name=model_name, version=version, gate=gate,
                           verdict_json=gated.outputs["verdict_json"], s3_endpoint=s3_endpoint, run_id=run_id),
-                aws_secret_name,
+                aws_secret_name, admin_secret_name,
             )  # fmt: skip
 
 
@@ -371,6 +382,7 @@ def release_pipeline(
     repository: str = "s3://models/tritonship",
     s3_endpoint: str = "",
     aws_secret_name: str = "tritonship-s3",
+    admin_secret_name: str = "tritonship-triton-admin",
     replicas: str = "k8s://triton/app.kubernetes.io/component=production",
     gate: str = "k8s://triton/app.kubernetes.io/component=gate",
     concurrency: int = gate_defaults.DEFAULT_CONCURRENCY,
@@ -393,8 +405,8 @@ def release_pipeline(
                              gpu_node_selector, gpu_tolerations)  # fmt: skip
     release_steps(
         compiled=compiled.outputs["compiled"], model_name=model_name, repository=repository, s3_endpoint=s3_endpoint,
-        aws_secret_name=aws_secret_name, replicas=replicas, gate=gate, concurrency=concurrency, window_ms=window_ms,
-        design=design, min_rounds=min_rounds, budget_s=budget_s, max_p99_ms=max_p99_ms, min_throughput=min_throughput,
+        aws_secret_name=aws_secret_name, admin_secret_name=admin_secret_name, replicas=replicas, gate=gate,
+        concurrency=concurrency, window_ms=window_ms, design=design, min_rounds=min_rounds, budget_s=budget_s, max_p99_ms=max_p99_ms, min_throughput=min_throughput,
         max_p99_regression_pct=max_p99_regression_pct, max_throughput_regression_pct=max_throughput_regression_pct,
         tune=tune, tune_budget=tune_budget,
     )  # fmt: skip

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import requests
 
-from components import log
+from components import admin_key, log
 from components.errors import TritonshipError
 from components.s3repo import S3Settings
 from components.tools import find_perf_analyzer, tools_dir
@@ -222,6 +222,8 @@ class EmbeddedStack:
 
     `replicas` production servers named prod-0, prod-1, ... mount the production prefix; the
     `gate` server also mounts the staging prefix (docs/design.md section 3: the candidate is dark).
+    Every tritonserver locks its admin APIs behind this process's admin key (components/admin_key.py):
+    the one in the environment, else a new one put there, so this process's own clients send it.
     """
 
     def __init__(
@@ -245,6 +247,11 @@ class EmbeddedStack:
         self.s3_switch: TcpSwitch | None = None
         self._with_s3_switch = s3_switch
         self.servers: dict[str, TritonServer] = {}
+        self.admin_key = _process_admin_key()
+
+    def env(self) -> dict[str, str]:
+        """What a step run against this stack needs in its environment: S3 credentials and the admin key."""
+        return {**self.s3.env(), admin_key.ENV: self.admin_key}
 
     # ----------------------------------------------------------------------------------- lifecycle
     def __enter__(self) -> EmbeddedStack:
@@ -364,6 +371,7 @@ class EmbeddedStack:
                 "--allow-cpu-metrics=true",
                 "--exit-timeout-secs=5",
                 "--log-verbose=0",
+                *admin_key.triton_args(self.admin_key),
             ]
             try:
                 return self.launch_triton(name, args, prefixes)
@@ -460,6 +468,14 @@ class EmbeddedStack:
         }
 
 
+def _process_admin_key() -> str:
+    key = admin_key.from_env()
+    if not key:
+        key = secrets.token_urlsafe(24)
+        os.environ[admin_key.ENV] = key
+    return key
+
+
 def _wait_until(condition: object, proc: ManagedProcess, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -490,8 +506,8 @@ def stack_up(state_dir: Path, replicas: int, gate: bool) -> dict[str, object]:
         raise
     description = stack.describe()
     description["pgids"] = [p.pid for p in _processes(stack)]
-    state_path.write_text(json.dumps({**description, "env": stack.s3.env()}, indent=2))
-    state_path.chmod(0o600)  # holds the S3 credentials
+    state_path.write_text(json.dumps({**description, "env": stack.env()}, indent=2))
+    state_path.chmod(0o600)  # holds the S3 credentials and the admin key
     return description
 
 

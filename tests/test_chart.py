@@ -3,6 +3,7 @@ arguments it renders started for real on the embedded stack."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from components import model_config
 from components.publish import publish
 from components.repository import ModelRepository
 from components.tools import tools_dir
-from components.triton_admin import TritonAdmin
+from components.triton_admin import TritonAdmin, TritonError
 from pipelines.stack import free_port
 from tests.models import mlp_folder
 from tests.release_helpers import unique
@@ -86,7 +87,7 @@ def test_irsa_values_use_the_role_and_no_secret():
     prod = next(d for d in by_kind(objects, "Deployment") if d["metadata"]["name"].endswith("production"))
     assert "replicas" not in prod["spec"]  # the HPA owns it
     env = prod["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert [e["name"] for e in env] == ["AWS_DEFAULT_REGION"]
+    assert [e["name"] for e in env] == ["AWS_DEFAULT_REGION", "TRITONSHIP_ADMIN_KEY"]  # no S3 keys
     assert by_kind(objects, "HorizontalPodAutoscaler")
 
 
@@ -104,11 +105,40 @@ def test_a_wrong_value_fails_at_install(bad, message):
     assert result.returncode != 0 and message in result.stderr
 
 
-def _container_args(objects: list[dict], component: str) -> list[str]:
+def _container(objects: list[dict], component: str) -> dict:
     deployment = next(d for d in by_kind(objects, "Deployment") if d["metadata"]["name"].endswith(component))
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def _container_args(objects: list[dict], component: str, env: dict[str, str]) -> list[str]:
+    """The arguments as the kubelet passes them: $(VAR) expanded from the container's environment."""
+    container = _container(objects, component)
     assert container["command"] == ["tritonserver"]
-    return container["args"]
+    return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
+
+
+def test_admin_apis_are_locked_with_the_secret_and_only_the_pipeline_reaches_the_gate():
+    objects = render(sets=("networkPolicy.pipelineNamespaces={kubeflow,ml-releases}",))
+    for component in ("production", "gate"):
+        container = _container(objects, component)
+        key_env = next(e for e in container["env"] if e["name"] == "TRITONSHIP_ADMIN_KEY")
+        assert key_env["valueFrom"]["secretKeyRef"] == {"name": "tritonship-triton-admin", "key": "admin-key"}
+        locked = [a for a in container["args"] if "restricted" in a]
+        assert locked == [
+            "--http-restricted-api=model-repository,model-config:tritonship-admin-key=$(TRITONSHIP_ADMIN_KEY)",
+            "--grpc-restricted-protocol=model-repository,model-config:tritonship-admin-key=$(TRITONSHIP_ADMIN_KEY)",
+        ]
+    (policy,) = by_kind(objects, "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "gate"
+    namespaces = [
+        f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+        for f in policy["spec"]["ingress"][0]["from"]
+    ]
+    assert namespaces == ["kubeflow", "ml-releases"]
+
+    open_chart = render(sets=("adminKey.existingSecret=", "networkPolicy.enabled=false"))
+    assert not by_kind(open_chart, "NetworkPolicy")
+    assert not any("restricted" in a for a in _container(open_chart, "production")["args"])
 
 
 def test_rendered_triton_arguments_come_up_ready_on_the_embedded_stack(tmp_path, stack):
@@ -128,7 +158,8 @@ def test_rendered_triton_arguments_come_up_ready_on_the_embedded_stack(tmp_path,
                 f"repository.uri=s3://{stack.bucket}", f"repository.endpoint={stack.s3.endpoint_url}",
                 f"models={{{name}}}", f"ports.http={ports[0]}", f"ports.grpc={ports[1]}", f"ports.metrics={ports[2]}",
             ))  # fmt: skip
-            server = stack.launch_triton(f"chart-{component}-{name}", _container_args(objects, component))
+            args = _container_args(objects, component, {"TRITONSHIP_ADMIN_KEY": stack.admin_key})
+            server = stack.launch_triton(f"chart-{component}-{name}", args)
             started.append(server)
         production, gate = started
         with TritonAdmin(production.http_url) as admin:
@@ -138,6 +169,9 @@ def test_rendered_triton_arguments_come_up_ready_on_the_embedded_stack(tmp_path,
             candidate = model_config.pin_version(model_config.renamed(config, f"{name}__candidate"), version)
             admin.load(f"{name}__candidate", candidate)  # the staging repository is mounted
             assert admin.ready_versions(f"{name}__candidate") == [version]
+        for server in started:  # the admin API is locked as rendered: without the key nothing is loaded
+            with TritonAdmin(server.http_url, key="") as anonymous, pytest.raises(TritonError, match="admin key"):
+                anonymous.load(name, config)
     finally:
         for server in started:
             server.process.stop()

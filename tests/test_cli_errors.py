@@ -122,6 +122,8 @@ CASES = [
     (["repo", "verify"], ["-r", "{no_bucket}"], "no-such-bucket-here"),
     (["repo", "gc"], ["-r", "{no_bucket}"], "no-such-bucket-here"),
     (["repo", "history"], ["m", "-r", "{no_bucket}"], "no-such-bucket-here"),
+    (["lease", "show"], ["-m", "m", "-r", "{no_bucket}"], "no-such-bucket-here"),
+    (["lease", "release"], ["-m", "m", "-r", "{no_bucket}"], "no-such-bucket-here"),
     (["stack", "env"], ["--state-dir", "{dir}"], "no stack is up"),
     (["stack", "down"], ["--state-dir", "{dir}"], "no stack is up"),
     (["stack", "up"], ["--state-dir", "{binary}"], "binary.json"),

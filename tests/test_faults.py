@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from components.gate import Thresholds, gate
-from components.promote import PromotionError, promote, reject
+from components.promote import PartialRevert, PromotionError, promote, reject
 from components.publish import publish
 from components.reconcile import reconcile
 from components.repository import ModelRepository, candidate_name
@@ -161,7 +161,7 @@ def test_s3_lost_half_way_through_a_promotion_fails_no_request_and_reconcile_con
 
     with SteadyClient([s.http_url for s in stack.replicas], name, X, ["y"]) as client:
         try:
-            with pytest.raises(PromotionError, match="failed and could not be reverted to v1") as info:
+            with pytest.raises(PartialRevert, match="failed and could not be reverted to v1") as info:
                 promote(f"s3://{stack.bucket}", name, version, replicas(stack), "pass", s3=impatient_s3,
                         run_id="run-s3-promote", progress=s3_goes_away)  # fmt: skip
             assert _served(stack, name) == [2, 1]  # no Triton load was tried without S3
@@ -173,6 +173,7 @@ def test_s3_lost_half_way_through_a_promotion_fails_no_request_and_reconcile_con
     assert f"{prod_0} serves v2, {prod_1} serves v1" in message
     assert f"tritonship reconcile -r s3://{stack.bucket} -m {name} --replicas {prod_0},{prod_1}" in message
     assert stack.s3.secret_access_key not in message
+    assert info.value.exit_code == 4 and not info.value.result.reverted
 
     assert _desired(stack, name) == 2  # the state the message describes; the printed command converges it
     states = reconcile(f"s3://{stack.bucket}", replicas(stack), [name], s3=stack.s3)

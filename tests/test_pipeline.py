@@ -56,6 +56,10 @@ def test_compiled_yaml_has_the_kubernetes_settings_and_pinned_images_and_no_secr
         env = platform[name]["secretAsEnv"][0]
         assert {k["envVar"] for k in env["keyToEnv"]} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
         assert env["secretNameParameter"]["componentInputParameter"].endswith("aws_secret_name")
+        # the Tritons' admin key, only for the steps that load or unload models
+        admin = [e for e in platform[name]["secretAsEnv"] if "admin_secret_name" in str(e)]
+        wanted = [] if name in ("exec-export-op", "exec-publish-op") else [{"envVar": "TRITONSHIP_ADMIN_KEY"}]
+        assert [{"envVar": k["envVar"]} for e in admin for k in e["keyToEnv"]] == wanted, name
     defaults = spec["root"]["inputDefinitions"]["parameters"]
     assert defaults["gpu_node_selector"]["defaultValue"] == {"nvidia.com/gpu.present": "true"}
     assert not re.search(r"AKIA[0-9A-Z]{12}", text)
@@ -65,6 +69,7 @@ def test_compiling_with_credentials_in_the_environment_leaks_none_of_them(tmp_pa
     secret = "wJalrXUtnFEMI-" + unique("secret")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEKEYID0001")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.setenv("TRITONSHIP_ADMIN_KEY", secret + "-admin")
     text = compile_pipeline(tmp_path / "p.yaml").read_text()
     assert secret not in text and "AKIAEXAMPLEKEYID0001" not in text
 

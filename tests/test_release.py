@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from components.gate import gate
-from components.promote import PromotionError, promote, reject
+from components.promote import PartialRevert, PromotionError, promote, reject
 from components.repository import ModelRepository, candidate_name
 from components.triton_admin import TritonAdmin
 from pipelines.stack import free_port
@@ -138,7 +138,9 @@ def test_a_second_release_of_the_same_model_waits_for_the_first(tmp_path, stack)
     reject(repository(stack), name, second, "fail", ["test"], stack.gate.http_url, s3=stack.s3, run_id="run-second")
 
 
-def test_replica_killed_during_promotion_reverts_to_stable(tmp_path, stack):
+def test_replica_killed_during_promotion_is_reported_as_not_reverted_and_reconcile_converges(tmp_path, stack):
+    from components.reconcile import reconcile
+
     name = unique()
     release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
     version, _staged, verdict = stage_and_gate(stack, _folder(tmp_path, name, "v2", seed=5))
@@ -148,19 +150,29 @@ def test_replica_killed_during_promotion_reverts_to_stable(tmp_path, stack):
         if what == "switched" and replica.name == "prod-0":
             stack.triton("prod-1").process.kill()
 
+    dead = stack.replicas[1].http_url
     try:
-        with pytest.raises(PromotionError, match="failed and was reverted to v1") as info:
+        with pytest.raises(PartialRevert, match=f"could not be reverted to v1 .*{dead} did not answer") as info:
             promote(repository(stack), name, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3,
                     progress=kill_second_replica)  # fmt: skip
-        assert "did not answer" in str(info.value)
+        assert info.value.exit_code == 4 and "did not answer" in str(info.value)
+        assert f"tritonship reconcile -r {repository(stack)} -m {name}" in str(info.value)
+        # The result says what each replica serves, as each answered: prod-0 back on v1, prod-1 silent.
+        states = [(s.url, s.serving, s.reverted) for s in info.value.result.after_revert]
+        assert states == [(stack.replicas[0].http_url, [1], True), (dead, None, False)]
+        assert not info.value.result.reverted
         survivor = TritonAdmin(stack.replicas[0].http_url)
         assert survivor.served_version(name, X, ["y"]) == 1 and survivor.ready_versions(name) == [1]
         repo = ModelRepository(repository(stack), stack.s3)
         assert repo.desired_config(name)[0].version_policy.specific.versions == [1]
-        assert [e["event"] for e in repo.history(name)][-1] == "reverted"
+        last = repo.history(name)[-1]
+        assert (last["event"], last["complete"]) == ("reverted", False)
     finally:
-        stack.restart_triton("prod-1", load_models=[name])
-    assert TritonAdmin(stack.replicas[1].http_url).ready_versions(name) == [1]  # comes back on the stable version
+        stack.restart_triton("prod-1")  # a pod restarted without --load-model: serves nothing
+    assert TritonAdmin(dead).ready_versions(name) == []
+    fixed = reconcile(repository(stack), replicas(stack), [name], s3=stack.s3)
+    assert [s.action for s in fixed] == ["in sync", "loaded"]
+    assert _served(stack, name) == [1, 1]
     TritonAdmin(stack.gate.http_url).unload(candidate_name(name))
 
 

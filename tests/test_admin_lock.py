@@ -1,0 +1,67 @@
+"""Who may change what production serves: every Triton of the stack answers load, unload, the repository index
+and model configs only with the admin key (components/admin_key.py); inference, health and metadata stay open.
+The release itself, run with the key, is every other test of the suite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from components import admin_key
+from components.repository import ModelRepository
+from components.triton_admin import TritonAdmin, TritonError
+from tests.models import numpy_mlp_folder
+from tests.release_helpers import FIRST_RELEASE_GATE, release, repository, stage_and_gate, unique
+
+X = {"x": np.ones((1, 16), np.float32)}
+
+
+def _folder(tmp_path: Path, name: str, sub: str, **kwargs) -> Path:
+    (tmp_path / sub).mkdir()
+    return numpy_mlp_folder(tmp_path / sub, name, **kwargs)
+
+
+@pytest.mark.parametrize("key", ["", "not-the-key"], ids=["no-key", "wrong-key"])
+def test_without_the_key_admin_calls_are_refused_and_the_stable_model_serves_on(tmp_path, stack, key):
+    name = unique("lock")
+    release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    config, _ = ModelRepository(repository(stack), stack.s3).desired_config(name)
+    for server in (stack.replicas[0], stack.gate):
+        with TritonAdmin(server.http_url, key=key) as outsider:
+            for refused in (lambda: outsider.unload(name), lambda: outsider.load(name, config),
+                            outsider.repository_index, lambda: outsider.model_config(name)):  # fmt: skip
+                with pytest.raises(TritonError, match="admin key"):
+                    refused()
+            assert outsider.is_live()  # health stays open
+        headers = {admin_key.HEADER: key} if key else {}
+        raw = requests.post(f"http://{server.http_url}/v2/repository/models/{name}/unload", headers=headers, timeout=10)
+        assert raw.status_code == 403, raw.text
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        with pytest.raises(InferenceServerException) as refused_grpc:
+            grpc.unload_model(name, headers=headers)
+        assert "PERMISSION_DENIED" in str(refused_grpc.value.status()) or "restricted" in refused_grpc.value.message()
+        if server is not stack.gate:
+            assert grpc.get_model_metadata(name).name == name  # metadata stays open
+        grpc.close()
+    for replica in stack.replicas:  # nothing was unloaded: the stable version still answers
+        assert TritonAdmin(replica.http_url).served_version(name, X, ["y"]) == 1
+
+
+def test_the_admin_key_appears_in_no_report_log_or_error(tmp_path, stack):
+    name = unique("lock")
+    release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    _version, _staged, verdict = stage_and_gate(stack, _folder(tmp_path, name, "v2", seed=3), out=tmp_path / "gate")
+    assert verdict.verdict == "pass", verdict.reasons
+    with TritonAdmin(stack.gate.http_url, key="wrong") as outsider, pytest.raises(TritonError) as refused:
+        outsider.repository_index()
+    written = [p for p in (tmp_path / "gate").rglob("*") if p.is_file()]
+    logs = list((stack.workdir / "logs").glob("*.log"))
+    assert written and logs
+    for path in [*written, *logs]:
+        assert stack.admin_key.encode() not in path.read_bytes(), path
+    assert stack.admin_key not in str(refused.value)
