@@ -157,9 +157,10 @@ class ModelRepository:
             raise explain(exc, what, self.bucket) from None
 
     def check_access(self) -> None:
-        """Fail early, with a sentence, if the bucket is missing or access is denied."""
+        """Fail early, with a sentence, if the bucket is missing or access is denied. A listing, not HeadBucket:
+        it needs only s3:ListBucket, which every principal of manifests/iam/ has."""
         try:
-            self.s3.head_bucket(Bucket=self.bucket)
+            self.s3.list_objects_v2(Bucket=self.bucket, Prefix=self.root, MaxKeys=1)
         except S3_EXCEPTIONS as exc:
             if isinstance(exc, ClientError):
                 status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -169,7 +170,9 @@ class ModelRepository:
                     ) from None
                 if status == 403:
                     raise S3Error(
-                        f"S3 denied access to bucket '{self.bucket}'; check the credentials and the bucket policy."
+                        f"S3 denied access to bucket '{self.bucket}' (or it does not exist: S3 does not say which to "
+                        f"a principal without rights on it); check the repository URI {self.uri}, the credentials and "
+                        "their policy."
                     ) from None
             raise explain(exc, "reach the bucket", self.bucket) from None
 

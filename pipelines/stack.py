@@ -34,6 +34,7 @@ from components import admin_key, log
 from components.errors import TritonshipError
 from components.s3repo import S3Settings
 from components.tools import find_perf_analyzer, tools_dir
+from pipelines import s3_principals
 from pipelines.outage import TcpSwitch
 
 LOG = log.get("stack")
@@ -247,6 +248,7 @@ class EmbeddedStack:
         self.s3_switch: TcpSwitch | None = None
         self._with_s3_switch = s3_switch
         self.servers: dict[str, TritonServer] = {}
+        self.principals: dict[str, S3Settings] = {}  # S3 credentials per principal (pipelines/s3_principals.py)
         self.admin_key = _process_admin_key()
 
     def env(self) -> dict[str, str]:
@@ -306,10 +308,12 @@ class EmbeddedStack:
 
     # ------------------------------------------------------------------------------------------ S3
     def start_s3(self) -> S3Settings:
+        """moto on a free port; the bucket and the three principals (pipelines/s3_principals.py) are made
+        before IAM is enforced, and the stack's own S3 settings are then the pipeline's."""
         for _attempt in range(3):
             port = free_port()
             endpoint_port = free_port() if self._with_s3_switch else port
-            settings = S3Settings(
+            setup = S3Settings(
                 endpoint_url=f"http://127.0.0.1:{endpoint_port}",
                 region="us-east-1",
                 access_key_id="AKIA" + secrets.token_hex(8).upper(),
@@ -324,17 +328,19 @@ class EmbeddedStack:
             )
             proc.start()
             if _wait_until(lambda port=port: port_is_open(port), proc, 30):
-                self.s3_server = S3Server(settings, port, proc)
                 if self._with_s3_switch:
                     self.s3_switch = TcpSwitch(port, endpoint_port)
-                self._create_bucket()
-                log.event(LOG, "s3 ready", endpoint=settings.endpoint_url, bucket=self.bucket)
-                return settings
+                self._create_bucket(setup)
+                self.principals = s3_principals.create(setup, self.bucket)
+                s3_principals.enforce(f"http://127.0.0.1:{port}")
+                self.s3_server = S3Server(self.principals["pipeline"], port, proc)
+                log.event(LOG, "s3 ready", endpoint=setup.endpoint_url, bucket=self.bucket)
+                return self.s3
             proc.stop()
         raise StackError(f"the embedded S3 server did not start; its log ends with:\n{proc.log_tail()}")
 
-    def _create_bucket(self) -> None:
-        client = self.s3.client()
+    def _create_bucket(self, setup: S3Settings) -> None:
+        client = setup.client()
         client.create_bucket(Bucket=self.bucket)
         # S3 has no directories: Triton needs at least one object under a repository prefix to
         # accept it as a model repository.
@@ -384,7 +390,8 @@ class EmbeddedStack:
 
     def launch_triton(self, name: str, args: Sequence[str], prefixes: Sequence[str] = ()) -> TritonServer:
         """Start the embedded tritonserver with `args` as given (for example as the Helm chart renders
-        them), adding only the embedded Python backend's directory, and wait until it is ready."""
+        them), adding only the embedded Python backend's directory, and wait until it is ready. It reads S3
+        as the gate principal if it mounts the staging repository, else as a production replica."""
         if name in self.servers:
             raise StackError(f"a server named {name!r} already exists")
         flags = dict(a.removeprefix("--").split("=", 1) for a in args if a.startswith("--") and "=" in a)
@@ -394,7 +401,9 @@ class EmbeddedStack:
         ]
         binary = tools_dir() / "pytriton" / "tritonserver" / "bin" / "tritonserver"
         argv = [str(binary), *args, f"--backend-directory={self._backend_directory()}"]
-        proc = ManagedProcess(name, argv, self._triton_env(), self.workdir / "logs" / f"{name}.log", self.detach)
+        principal = "gate" if any(a.rstrip("/").endswith(f"/{STAGING_PREFIX}") for a in args) else "production"
+        env = self._triton_env(self.principals[principal])
+        proc = ManagedProcess(name, argv, env, self.workdir / "logs" / f"{name}.log", self.detach)
         server = TritonServer(name, list(prefixes), *ports, proc)
         proc.start()
         try:
@@ -417,9 +426,9 @@ class EmbeddedStack:
         server.wait_ready(self.start_timeout)
         return server
 
-    def _triton_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-        env.update(self.s3.env())
+    def _triton_env(self, s3: S3Settings) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != admin_key.ENV}
+        env.update(s3.env())
         libs = tools_dir() / "nvidia_pytriton.libs"
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
         # The Python backend stub embeds the system libpython3.11; packages reach it through PYTHONPATH
