@@ -28,10 +28,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components import model_config, perf
-from components.gate import GateSettings, gate
+from components.gate import gate
 from components.promote import unload_candidate
 from components.publish import publish
 from components.repository import ModelRepository
+from components.settings import GateSettings
 from components.stage import stage
 from components.triton_admin import TritonAdmin
 from pipelines.stack import EmbeddedStack

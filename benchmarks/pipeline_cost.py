@@ -23,10 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.compile import compile_model
 from components.export import export
-from components.gate import GateSettings, Thresholds, gate
+from components.gate import gate
 from components.promote import promote
 from components.publish import publish
 from components.replicas import Replica
+from components.settings import GateSettings, Thresholds
 from components.stage import stage
 from pipelines.demo import demo_parameters
 from pipelines.local import run_local

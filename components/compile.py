@@ -22,7 +22,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,13 +31,12 @@ from torch import nn
 from components import log, model_folder
 from components.errors import TritonshipError
 from components.export import ExportedModel, read_export
-from components.model_config import Flavour, validate_model_name
+from components.model_config import validate_model_name
 from components.parity import DEFAULT_TOLERANCES, OutputParity, Tolerance, compare, parity_table
+from components.settings import Flavour, Precision, Target
 from components.signature import FLOAT_DTYPES, Signature, concrete_shape
 
 LOG = log.get("compile")
-Target = Literal["torchscript", "tensorrt"]
-Precision = Literal["fp32", "fp16", "bf16"]
 TARGETS: tuple[str, ...] = ("torchscript", "tensorrt")
 COMPILE_IMAGE_HINT = "run the compile step in the compile image (images/compile.Dockerfile, NGC pytorch:<YY.MM>-py3)"
 

@@ -23,14 +23,11 @@ batch 1, an odd size, max_batch_size and two lengths of every dynamic dimension.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import shutil
-import sys
 import tempfile
 import warnings
-import zipfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,9 +38,9 @@ import torch
 from torch import nn
 
 from components import log
-from components.errors import TritonshipError
 from components.model_folder import load_checks, load_golden, save_checks, save_golden
-from components.s3repo import S3Settings, download_file, split_s3_uri
+from components.model_source import ExportError, first_line, load_model
+from components.s3repo import S3Settings
 from components.signature import Signature, SignatureError, check_tensor, dtype_name
 
 LOG = log.get("export")
@@ -59,10 +56,6 @@ GOLDEN_DYNAMIC_SIZE = 8
 CHECK_DYNAMIC_SIZES = (3, 13)
 
 
-class ExportError(TritonshipError):
-    """The model could not be loaded, checked or exported."""
-
-
 @dataclass(frozen=True)
 class ExportResult:
     out_dir: Path
@@ -73,90 +66,6 @@ class ExportResult:
 
 
 # -------------------------------------------------------------------------------------- loading
-def load_model(source: str, checkpoint: str | None = None, s3: S3Settings | None = None) -> nn.Module:
-    """The user's model in eval mode on the CPU, from a factory, a TorchScript file or an ExportedProgram."""
-    path = Path(source)
-    if path.suffix in {".pt2", ".ts", ".pt", ".pth", ".jit"} or path.exists():
-        if checkpoint:
-            raise ExportError("a checkpoint goes with a `package.module:factory` model, not with a saved model file.")
-        return _load_saved_model(path)
-    if ":" not in source:
-        raise ExportError(
-            f"model {source!r} is neither a file nor `package.module:factory`; give a factory that returns an "
-            "nn.Module, a TorchScript file or an ExportedProgram (.pt2)."
-        )
-    model = _call_factory(source)
-    if checkpoint:
-        _load_checkpoint(model, checkpoint, s3)
-    return model.eval()
-
-
-def _call_factory(source: str) -> nn.Module:
-    module_name, _, attr = source.partition(":")
-    if "." not in sys.path and "" not in sys.path:
-        sys.path.insert(0, ".")  # a factory in the caller's working tree, as `python -m` would find it
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ExportError(f"cannot import {module_name!r} for the model factory: {exc}.") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ExportError(f"{module_name} has no callable {attr!r}; the factory must return an nn.Module.")
-    model = factory()
-    if not isinstance(model, nn.Module):
-        raise ExportError(f"{source} returned {type(model).__name__}, not a torch.nn.Module.")
-    return model
-
-
-def _load_saved_model(path: Path) -> nn.Module:
-    if not path.is_file():
-        raise ExportError(f"the model file {path} does not exist.")
-    if path.stat().st_size == 0 or not zipfile.is_zipfile(path):
-        raise ExportError(f"{path} is not a TorchScript or ExportedProgram file (empty, truncated or another format).")
-    try:
-        if path.suffix == ".pt2":
-            return torch.export.load(str(path)).module()
-        return torch.jit.load(str(path), map_location="cpu").eval()
-    except Exception as exc:  # torch raises many types for a bad archive
-        raise ExportError(f"{path} could not be loaded as a saved model: {_first_line(exc)}.") from None
-
-
-def _load_checkpoint(model: nn.Module, checkpoint: str, s3: S3Settings | None) -> None:
-    with tempfile.TemporaryDirectory(prefix="tritonship-ckpt-") as tmp:
-        local = Path(checkpoint)
-        if checkpoint.startswith("s3://"):
-            bucket, key = split_s3_uri(checkpoint)
-            local = Path(tmp) / "checkpoint.pt"
-            download_file(s3 or S3Settings.from_env(), bucket, key, local)
-        if not local.is_file():
-            raise ExportError(f"the checkpoint {checkpoint} does not exist.")
-        try:
-            # weights_only: a checkpoint is data, never code; a pickle that needs more is refused.
-            state = torch.load(local, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise ExportError(
-                f"the checkpoint {checkpoint} is not a loadable state_dict ({_first_line(exc)}); "
-                "save it with torch.save(model.state_dict(), path)."
-            ) from None
-    if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
-        state = state["state_dict"]  # Lightning-style {"state_dict": ...}
-    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ExportError(
-            f"the checkpoint {checkpoint} is not a state_dict (a mapping of names to tensors); "
-            "save it with torch.save(model.state_dict(), path)."
-        )
-    try:
-        result = model.load_state_dict(state, strict=False)
-    except RuntimeError as exc:  # shape mismatches
-        detail = " ".join(str(exc).split("\n")[1:2]).strip()
-        raise ExportError(f"the checkpoint {checkpoint} does not fit the model: {detail[:300]}") from None
-    if result.missing_keys or result.unexpected_keys:
-        raise ExportError(
-            f"the checkpoint {checkpoint} does not fit the model: missing {list(result.missing_keys)[:5]}, "
-            f"unexpected {list(result.unexpected_keys)[:5]}."
-        )
-
-
 # ------------------------------------------------------------------------------ signature check
 def run_model(model: nn.Module, signature: Signature, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run the model on named numpy inputs (in signature order) and name its outputs by the signature."""
@@ -169,7 +78,7 @@ def run_model(model: nn.Module, signature: Signature, inputs: Mapping[str, np.nd
                 f"{s.name}: {s.dtype}{list(a.shape)}" for s, a in zip(signature.inputs, args, strict=True)
             )
             raise SignatureError(
-                f"the model failed when called with the signature's inputs ({called}): {_first_line(exc)}; "
+                f"the model failed when called with the signature's inputs ({called}): {first_line(exc)}; "
                 "check those inputs' dtypes and shapes in the signature."
             ) from None
     tensors = _as_tuple(result)
@@ -286,12 +195,12 @@ def export_model(
             try:
                 _trace(model, example, out_dir / TORCHSCRIPT_FILE)
             except Exception as exc:  # the TorchScript targets then trace the exported program (parity checks it)
-                log.event(LOG, "tracing the eager module failed", reason=_first_line(exc))
+                log.event(LOG, "tracing the eager module failed", reason=first_line(exc))
             return "torch.export", EXPORTED_PROGRAM_FILE, None
         except Exception as exc:
             if method == "export":
-                raise ExportError(f"torch.export failed: {_first_line(exc)}.") from None
-            reason = f"torch.export failed: {_first_line(exc)}"
+                raise ExportError(f"torch.export failed: {first_line(exc)}.") from None
+            reason = f"torch.export failed: {first_line(exc)}"
             log.event(LOG, "torch.export failed, falling back to TorchScript", reason=reason)
     if method in ("auto", "script"):
         try:
@@ -299,14 +208,14 @@ def export_model(
             return "torch.jit.script", TORCHSCRIPT_FILE, reason
         except Exception as exc:
             if method == "script":
-                raise ExportError(f"torch.jit.script failed: {_first_line(exc)}.") from None
-            reason = f"{reason}; torch.jit.script failed: {_first_line(exc)}" if reason else _first_line(exc)
-            log.event(LOG, "torch.jit.script failed, falling back to tracing", reason=_first_line(exc))
+                raise ExportError(f"torch.jit.script failed: {first_line(exc)}.") from None
+            reason = f"{reason}; torch.jit.script failed: {first_line(exc)}" if reason else first_line(exc)
+            log.event(LOG, "torch.jit.script failed, falling back to tracing", reason=first_line(exc))
     try:
         _trace(model, example, out_dir / TORCHSCRIPT_FILE)
     except Exception as exc:
         raise ExportError(
-            f"the model could not be exported by any method; tracing failed: {_first_line(exc)}."
+            f"the model could not be exported by any method; tracing failed: {first_line(exc)}."
         ) from None
     return "torch.jit.trace", TORCHSCRIPT_FILE, reason
 
@@ -338,7 +247,7 @@ def golden_inputs(signature: Signature, samples: int, supplied: Path | None) -> 
         with np.load(supplied, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError) as exc:
-        raise ExportError(f"the golden samples {supplied} are not a readable .npz: {_first_line(exc)}.") from None
+        raise ExportError(f"the golden samples {supplied} are not a readable .npz: {first_line(exc)}.") from None
     signature.check_arrays(arrays, signature.inputs, f"golden samples {supplied.name}")
     return arrays
 
@@ -433,8 +342,3 @@ def read_export(path: Path) -> ExportedModel:
     inputs, outputs = load_golden(path / GOLDEN_FILE)
     checks = load_checks(path / CHECKS_FILE) if (path / CHECKS_FILE).is_file() else {}
     return ExportedModel(path, Signature.load(path / SIGNATURE_FILE), inputs, outputs, info, checks)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]

@@ -28,164 +28,24 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import numpy as np
 
 from components import ensemble, gate_stats, log, model_config, perf
 from components.errors import TritonshipError
-from components.gate_stats import Effect, Limits, Rounds
 from components.repository import ModelRepository, candidate_name
+from components.results import GateResult, StageResult, TuneResult
 from components.s3repo import S3Settings
-from components.stage import StageResult, read_candidate
+from components.settings import GateSettings
+from components.stage import read_candidate
 from components.tools import find_perf_analyzer
 from components.triton_admin import TritonAdmin, TritonError
 
-if TYPE_CHECKING:
-    from components.tune import TuneResult
-
 LOG = log.get("gate")
-Verdict = Literal["pass", "fail", "inconclusive"]
-Design = Literal["duet", "alternating"]
 WARM_UP_REQUESTS = 50
-# perf_analyzer's stability check, relaxed: any three windows count as stable, so a run always reports.
-RELAXED_STABILITY_PCT = 1000.0
-
-DEFAULT_CONCURRENCY = 1
-DEFAULT_WINDOW_MS = 1000
-DEFAULT_MIN_ROUNDS = gate_stats.MIN_ROUNDS
-DEFAULT_BUDGET_S = 90.0
-DEFAULT_MAX_ATTEMPTS = 3
-DEFAULT_MAX_REGRESSION_PCT = 10.0
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Limits; None is off. Relative ones are percent against the stable version."""
-
-    max_p99_ms: float | None = None  # absolute: candidate p99 latency at the gate load
-    min_throughput: float | None = None  # absolute: candidate inferences/s at the gate load
-    max_p99_regression_pct: float | None = DEFAULT_MAX_REGRESSION_PCT
-    max_throughput_regression_pct: float | None = DEFAULT_MAX_REGRESSION_PCT
-
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if value is not None and value <= 0:
-                raise ValueError(f"the gate limit {name} must be positive (leave it out to switch it off), not {value}")
-
-    @property
-    def relative(self) -> bool:
-        return self.max_p99_regression_pct is not None or self.max_throughput_regression_pct is not None
-
-    @property
-    def absolute(self) -> bool:
-        return self.max_p99_ms is not None or self.min_throughput is not None
-
-    def limits(self, with_stable: bool) -> Limits:
-        pct = lambda v: None if v is None or not with_stable else v / 100  # noqa: E731
-        return Limits(
-            self.max_p99_ms, self.min_throughput, pct(self.max_p99_regression_pct),
-            pct(self.max_throughput_regression_pct),
-        )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class GateSettings:
-    concurrency: int = DEFAULT_CONCURRENCY
-    request_rate: float | None = None  # a fixed request rate per model instead of concurrency
-    window_ms: int = DEFAULT_WINDOW_MS
-    thresholds: Thresholds = field(default_factory=Thresholds)
-    design: Design = "duet"
-    min_rounds: int = DEFAULT_MIN_ROUNDS
-    budget_s: float = DEFAULT_BUDGET_S  # measuring time after which an undecided gate is inconclusive
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS  # perf_analyzer runs per round before the round counts as lost
-    confidence: float = gate_stats.CONFIDENCE
-    perf_timeout_s: float = 120.0
-
-    def __post_init__(self) -> None:
-        problems = [
-            f"concurrency must be at least 1, not {self.concurrency}" if self.concurrency < 1 else "",
-            f"window_ms must be at least 100, not {self.window_ms}" if self.window_ms < 100 else "",
-            f"design must be 'duet' or 'alternating', not {self.design!r}" if self.design not in ("duet", "alternating") else "",
-            f"min_rounds must be at least {gate_stats.MIN_ROUNDS}, not {self.min_rounds}" if self.min_rounds < gate_stats.MIN_ROUNDS else "",
-            f"budget_s must be positive, not {self.budget_s}" if self.budget_s <= 0 else "",
-            f"max_attempts must be at least 1, not {self.max_attempts}" if self.max_attempts < 1 else "",
-            f"confidence must be between 0.5 and 1, not {self.confidence}" if not 0.5 <= self.confidence < 1 else "",
-        ]  # fmt: skip
-        if any(problems):
-            raise ValueError("invalid gate settings: " + "; ".join(p for p in problems if p))
-
-    @classmethod
-    def from_flat(
-        cls,
-        max_p99_ms: float | None = None,
-        min_throughput: float | None = None,
-        max_p99_regression_pct: float | None = DEFAULT_MAX_REGRESSION_PCT,
-        max_throughput_regression_pct: float | None = DEFAULT_MAX_REGRESSION_PCT,
-        request_rate: float | None = None,
-        **rest: Any,
-    ) -> GateSettings:
-        """From flat parameters (CLI options, KFP pipeline parameters): a limit or rate of None or 0 is off."""
-        off = lambda v: v if v else None  # noqa: E731
-        thresholds = Thresholds(
-            off(max_p99_ms), off(min_throughput), off(max_p99_regression_pct), off(max_throughput_regression_pct)
-        )
-        return cls(thresholds=thresholds, request_rate=off(request_rate), **rest)
-
-    @property
-    def load(self) -> perf.LoadSettings:
-        return perf.LoadSettings(
-            concurrency=self.concurrency, request_rate=self.request_rate, window_ms=self.window_ms,
-            stability_pct=RELAXED_STABILITY_PCT,
-        )  # fmt: skip
-
-
-@dataclass
-class GateResult:
-    model: str
-    version: int
-    stable_version: int | None
-    verdict: Verdict
-    reasons: list[str]
-    candidate: Rounds = field(default_factory=Rounds)
-    stable: Rounds = field(default_factory=Rounds)
-    effects: list[Effect] = field(default_factory=list)
-    rounds: int = 0
-    stopped: str = ""  # why the gate stopped measuring
-    attempts: list[dict[str, Any]] = field(default_factory=list)  # every perf_analyzer run
-    measurement_seconds: float = 0.0
-    stable_load_seconds: float = 0.0
-    settings: dict[str, Any] = field(default_factory=dict)
-    tuning: dict[str, Any] | None = None  # the tune step's table and chosen serving settings (TuneResult)
-
-    def effect(self, name: str) -> Effect | None:
-        return next((e for e in self.effects if e.name == name), None)
-
-    @property
-    def p99_regression_pct(self) -> float | None:
-        found = self.effect("p99")
-        return None if found is None else found.estimate * 100
-
-    @property
-    def throughput_regression_pct(self) -> float | None:
-        found = self.effect("throughput")
-        return None if found is None else -found.estimate * 100
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if k not in ("candidate", "stable", "effects")}
-        data["effects"] = [e.to_dict() for e in self.effects]
-        data["candidate_summary"] = self.candidate.summary()
-        data["stable_summary"] = self.stable.summary()
-        data["candidate_rounds"] = self.candidate.per_round()
-        data["stable_rounds"] = self.stable.per_round()
-        data["p99_regression_pct"] = self.p99_regression_pct
-        data["throughput_regression_pct"] = self.throughput_regression_pct
-        return data
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=str)
 
 
 def round_requests(

@@ -4,16 +4,15 @@ own protobuf definitions (tritonclient ships model_config_pb2), so what we write
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from components.errors import TritonshipError
+from components.settings import Flavour
 from components.signature import DTYPES, NAME_PATTERN, Signature
 
 ModelConfig = mc.ModelConfig
-Flavour = Literal["libtorch", "python"]
 FLAVOURS: tuple[str, ...] = ("libtorch", "python")
 
 

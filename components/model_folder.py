@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from components.errors import TritonshipError
-from components.model_config import Flavour, ModelConfig, build, check_against, parse_pbtxt, to_pbtxt
+from components.model_config import ModelConfig, build, check_against, parse_pbtxt, to_pbtxt
+from components.settings import Flavour
 from components.signature import Signature
 
 VERSION_DIR = "1"

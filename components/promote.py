@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from components import ensemble, log, model_config
 from components.errors import TritonshipError
 from components.parity import parity_table
 from components.replicas import Replica
 from components.repository import ModelRepository, candidate_name, lease_owner
+from components.results import PromoteResult, ReplicaOutcome
 from components.s3repo import S3Error, S3Settings
 from components.stage import CandidateVersion, read_candidate, served_accuracy
 from components.triton_admin import TritonAdmin
@@ -54,33 +55,6 @@ class PartialRevert(PromotionError):
     """The promotion failed and at least one replica could not be brought back: run the reconcile it names."""
 
     exit_code = 4
-
-
-@dataclass
-class PromoteResult:
-    model: str
-    version: int
-    previous_version: int | None
-    replicas: list[str]
-    promoted: bool
-    reverted: bool = False  # every replica is back on the previous version (after a failed promotion)
-    problems: list[str] = field(default_factory=list)
-    load_seconds: list[float] = field(default_factory=list)  # per replica, Triton's own load time
-    after_revert: list[ReplicaOutcome] = field(default_factory=list)  # what each replica serves after a revert
-
-
-@dataclass
-class ReplicaOutcome:
-    """One replica after a failed promotion, as it answered when asked: never what we meant it to serve."""
-
-    url: str
-    serving: list[int] | None  # ready versions of the model; None when the replica did not answer
-    reverted: bool  # it serves the previous version and not the candidate (nothing at all before a first release)
-
-    def describe(self) -> str:
-        if self.serving is None:
-            return f"{self.url} did not answer"
-        return f"{self.url} serves " + ("+".join(f"v{v}" for v in self.serving) or "nothing")
 
 
 @dataclass

@@ -5,10 +5,9 @@ from __future__ import annotations
 import base64
 import html
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from components.gate import GateResult
+from components.results import GateResult
 
 PLOT_FILE = "limits.png"
 
@@ -41,14 +40,14 @@ def tuning_rows(tuning: dict[str, Any] | None) -> list[tuple[str, ...]]:
     chosen = tuning["chosen"]
     out = []
     for trial in tuning["trials"]:
-        settings = {k: trial[k] for k in chosen}
+        settings = trial["settings"]
         note = "chosen" if settings == chosen else trial["problem"]
         if settings == tuning["default"]:
             note = f"default{', ' + note if note else ''}"
         out.append((
-            str(trial["instance_count"]), str(trial["max_batch_size"] or "-"),
-            str(trial["max_queue_delay_us"]) if trial["dynamic_batching"] else "off",
-            ",".join(map(str, trial["preferred_batch_sizes"])) or "-",
+            str(settings["instance_count"]), str(settings["max_batch_size"] or "-"),
+            str(settings["max_queue_delay_us"]) if settings["dynamic_batching"] else "off",
+            ",".join(map(str, settings["preferred_batch_sizes"])) or "-",
             _fmt(trial["throughput"], ",.0f"), _fmt(trial["p99_ms"], ".3f"), note,
         ))  # fmt: skip
     return out

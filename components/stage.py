@@ -8,7 +8,6 @@ override pinned to the candidate version: the staging folder needs no config.pbt
 from __future__ import annotations
 
 import io
-import json
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -18,6 +17,7 @@ from components import ensemble, log, model_config
 from components.errors import TritonshipError
 from components.parity import OutputParity, Tolerance, compare, parity_table
 from components.repository import ModelRepository, candidate_name, lease_owner
+from components.results import StageResult
 from components.s3repo import S3Settings
 from components.signature import Signature
 from components.triton_admin import TritonAdmin, TritonError, TritonUnreachable
@@ -27,27 +27,6 @@ LOG = log.get("stage")
 
 class StageError(TritonshipError):
     """The candidate could not be staged."""
-
-
-@dataclass
-class StageResult:
-    model: str
-    version: int
-    candidate: str
-    gate_url: str
-    accuracy_passed: bool
-    accuracy: list[OutputParity] = field(default_factory=list)
-    load_seconds: float = 0.0
-    load_error: str = ""  # Triton refused the candidate (bad config, model that fails to initialise)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> StageResult:
-        data = json.loads(text)
-        data["accuracy"] = [OutputParity(**row) for row in data["accuracy"]]
-        return cls(**data)
 
 
 @dataclass(frozen=True)

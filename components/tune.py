@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -31,6 +30,7 @@ from components import log, model_config, perf
 from components.errors import TritonshipError
 from components.model_config import ServingSettings
 from components.repository import ModelRepository, candidate_name
+from components.results import Trial, TuneResult
 from components.s3repo import S3Settings
 from components.stage import CandidateVersion, read_candidate
 from components.triton_admin import TritonAdmin, TritonError
@@ -49,80 +49,6 @@ class TuneSettings:
     instance_counts: tuple[int, ...] = (1, 2, 3)
     queue_delays_us: tuple[int, ...] = (0, 500, 2000, 8000)
     perf_timeout_s: float = 120.0
-
-
-@dataclass
-class Trial:
-    settings: ServingSettings
-    throughput: float | None = None
-    p99_ms: float | None = None
-    problem: str = ""  # why it could not be measured (load refused, perf_analyzer failed)
-
-    @property
-    def measured(self) -> bool:
-        return self.throughput is not None and not self.problem
-
-    def row(self) -> dict[str, Any]:
-        return {**asdict(self.settings), "throughput": self.throughput, "p99_ms": self.p99_ms, "problem": self.problem}
-
-
-@dataclass
-class TuneResult:
-    model: str
-    version: int
-    default: ServingSettings
-    chosen: ServingSettings
-    p99_limit_ms: float | None
-    grid_size: int
-    trials: list[Trial] = field(default_factory=list)
-    seconds: float = 0.0
-    enabled: bool = True
-
-    def trial(self, settings: ServingSettings) -> Trial | None:
-        """The setting's measurement; for one measured twice (the default), the two combined."""
-        same = [t for t in self.trials if t.settings == settings]
-        measured = [t for t in same if t.measured]
-        if len(measured) > 1:
-            return combined(measured)
-        return (measured or same or [None])[0]
-
-    @property
-    def settings_measured(self) -> int:
-        return len({t.settings for t in self.trials})
-
-    @property
-    def gain_pct(self) -> float | None:
-        """Throughput of the chosen setting over the default's, in percent."""
-        default, chosen = self.trial(self.default), self.trial(self.chosen)
-        if not (default and chosen and default.measured and chosen.measured and default.throughput):
-            return None
-        return (chosen.throughput / default.throughput - 1) * 100
-
-    def to_json(self) -> str:
-        data = {k: v for k, v in self.__dict__.items() if k != "trials"}
-        data["default"], data["chosen"] = asdict(self.default), asdict(self.chosen)
-        data["trials"] = [t.row() for t in self.trials]
-        data["gain_pct"] = self.gain_pct
-        data["settings_measured"] = self.settings_measured
-        return json.dumps(data, indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> TuneResult:
-        data = json.loads(text)
-        trials = [
-            Trial(settings_from(row), row["throughput"], row["p99_ms"], row["problem"]) for row in data.pop("trials")
-        ]
-        data.pop("gain_pct", None)
-        data.pop("settings_measured", None)
-        return cls(**{**data, "default": settings_from(data["default"]), "chosen": settings_from(data["chosen"])},
-                   trials=trials)  # fmt: skip
-
-
-def settings_from(data: dict[str, Any]) -> ServingSettings:
-    names = {f.name for f in dataclasses.fields(ServingSettings)}
-    values = {k: v for k, v in data.items() if k in names}
-    values["preferred_batch_sizes"] = tuple(values.get("preferred_batch_sizes") or ())
-    return ServingSettings(**values)
 
 
 def default_settings(config: model_config.ModelConfig) -> ServingSettings:
@@ -235,11 +161,6 @@ class GateBench:
         return trial
 
 
-def combined(trials: list[Trial]) -> Trial:
-    """Several measurements of one setting: their mean throughput and their highest p99."""
-    return Trial(trials[0].settings, float(np.mean([t.throughput for t in trials])), max(t.p99_ms for t in trials))
-
-
 def _best(trials: Iterator[Trial], limit_ms: float | None) -> Trial | None:
     within = [t for t in trials if t.measured and (limit_ms is None or t.p99_ms <= limit_ms)]
     return max(within, key=lambda t: t.throughput, default=None)
@@ -273,7 +194,7 @@ def search(measure: Callable[[ServingSettings], Trial], default: ServingSettings
     if result.p99_limit_ms is None:
         again = measure_once(default)
         if again is not None and again.measured:
-            baseline = measured[default] = combined([baseline, again])
+            baseline = measured[default] = Trial.combined([baseline, again])
         result.p99_limit_ms = baseline.p99_ms * (1 + settings.p99_slack_pct / 100)
     current = default if baseline.p99_ms <= result.p99_limit_ms else None
     moved = True

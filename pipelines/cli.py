@@ -8,14 +8,17 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 
-from components import gate as gate_defaults
-from components import log
+from components import log, settings
 from components.errors import TritonshipError
+from components.settings import GATE_PARAMETERS
+
+if TYPE_CHECKING:
+    from components.results import Result
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_enable=False)
 stack_app = typer.Typer(no_args_is_help=True, help="Start and stop the embedded S3 + Triton stack by hand.")
@@ -24,7 +27,7 @@ app.add_typer(stack_app, name="stack")
 console = Console(stderr=True)
 out = Console()
 F = TypeVar("F", bound=Callable[..., Any])
-T = TypeVar("T")
+R = TypeVar("R", bound="Result")
 DEFAULT_STATE_DIR = Path(".stack")
 
 
@@ -133,11 +136,11 @@ def compile_cmd(
     export_dir: Annotated[Path, typer.Argument(help="the output folder of `tritonship export`")],
     name: Annotated[str, typer.Option(help="the Triton model name")],
     out: Annotated[Path, typer.Option(help="output model folder (must not exist)")],
-    target: Annotated[str, typer.Option(help="torchscript | tensorrt")] = "torchscript",
-    precision: Annotated[str, typer.Option(help="fp32 | fp16 | bf16 (tensorrt)")] = "fp32",
+    target: Annotated[settings.Target, typer.Option(help="what to compile to")] = "torchscript",
+    precision: Annotated[settings.Precision, typer.Option(help="bf16 with tensorrt only")] = "fp32",
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
     flavour: Annotated[
-        str, typer.Option(help="libtorch (Triton PyTorch backend) | python (embedded Triton)")
+        settings.Flavour, typer.Option(help="libtorch: Triton's PyTorch backend; python: the embedded Triton")
     ] = "libtorch",
     atol: Annotated[float | None, typer.Option(help="absolute tolerance (default by precision)")] = None,
     rtol: Annotated[float | None, typer.Option(help="relative tolerance (default by precision)")] = None,
@@ -148,13 +151,10 @@ def compile_cmd(
     """Compile an export for Triton, check parity against the eager model, write the model folder."""
     from components.compile import Tolerance, compile_model, parity_table
 
-    tolerance = (
-        Tolerance.for_precision(precision, atol, rtol, int_mismatch) if precision in ("fp32", "fp16", "bf16") else None
-    )
+    tolerance = Tolerance.for_precision(precision, atol, rtol, int_mismatch)
     with console.status(f"compiling for {target} ({precision}, {device})"):
         result = compile_model(
-            export_dir, out, name, target, precision, device, flavour,  # type: ignore[arg-type]
-            tolerance=tolerance, opt_batch=opt_batch, workspace_gb=workspace_gb,
+            export_dir, out, name, target, precision, device, flavour, tolerance=tolerance, opt_batch=opt_batch, workspace_gb=workspace_gb,
         )  # fmt: skip
     out_console_line(parity_table(result.parity))
     out_console_line(f"compiled {target}/{precision} on {result.device} in {result.seconds:.1f} s -> {result.out_dir}")
@@ -176,36 +176,20 @@ def read_text(path: Path, what: str) -> str:
         raise TritonshipError(f"the {what} {path} cannot be read ({exc.__class__.__name__}); check the file.") from None
 
 
-def read_result(path: Path, what: str, parse: Callable[[str], T]) -> T:
-    """A step's result file (stage result, tuning result) parsed, or one sentence saying it is not one."""
+def read_result(path: Path, what: str, kind: type[R]) -> R:
+    """A step's result file (stage result, tuning result, verdict) as its type, or one sentence saying why not."""
     try:
-        return parse(read_text(path, what))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise TritonshipError(f"{path} is not a {what} written by tritonship; pass the file the step wrote.") from None
+        return kind.from_json(read_text(path, what))
+    except ValueError as exc:
+        raise TritonshipError(
+            f"{path} is not a {what} written by tritonship ({exc}); pass the file the step wrote."
+        ) from None
 
 
-def read_verdict(path: Path) -> dict[str, Any]:
-    """verdict.json as `tritonship gate` writes it, or one sentence saying what is wrong with the file."""
-    text = read_text(path, "verdict file")
-    try:
-        decided = json.loads(text)
-    except ValueError:
-        decided = None
-    if (
-        not isinstance(decided, dict)
-        or not {"model", "version", "verdict", "reasons"} <= decided.keys()
-        or decided["verdict"] not in ("pass", "fail", "inconclusive")
-    ):
-        raise TritonshipError(f"{path} is not a verdict written by `tritonship gate`; pass the gate's verdict.json.")
-    return decided
-
-
-def gate_settings(**flat: Any) -> Any:
+def _gate_settings(flat: dict[str, Any]) -> settings.GateSettings:
     """GateSettings from the CLI's flat options, with a plain error for values it refuses."""
-    from components.gate import GateSettings
-
     try:
-        return GateSettings.from_flat(**flat)
+        return settings.GateSettings.from_flat(**flat)
     except ValueError as exc:
         raise TritonshipError(f"{exc}.") from None
 
@@ -264,7 +248,7 @@ def ensemble_cmd(
     import numpy as np
 
     from components.ensemble import Step, assemble
-    from components.export import load_model
+    from components.model_source import load_model
     from components.signature import Signature
 
     with np.load(inputs, allow_pickle=False) as data:
@@ -448,7 +432,7 @@ def tune_cmd(
     out_file: Annotated[Path, typer.Option("--out", help="write the tuning result (JSON) here")],
     concurrency: Annotated[
         int, typer.Option(help="perf_analyzer concurrency (use the gate's)")
-    ] = gate_defaults.DEFAULT_CONCURRENCY,
+    ] = settings.DEFAULT_CONCURRENCY,
     window_ms: Annotated[int, typer.Option(help="perf_analyzer measurement window")] = 1000,
     stability_pct: Annotated[float, typer.Option(help="perf_analyzer stability threshold")] = 20.0,
     max_p99_ms: Annotated[
@@ -466,12 +450,12 @@ def tune_cmd(
     from components.perf import LoadSettings
     from components.tune import TuneSettings, tune
 
-    settings = TuneSettings(
+    tune_settings = TuneSettings(
         load=LoadSettings(concurrency=concurrency, window_ms=window_ms, stability_pct=stability_pct),
         max_p99_ms=max_p99_ms, p99_slack_pct=p99_slack_pct, budget=budget, min_gain_pct=min_gain_pct,
     )  # fmt: skip
     with console.status(f"tuning {model} v{version} on the gate (at most {budget} settings)"):
-        result = tune(repository, model, version, _one_server(gate), settings, s3=s3_settings(s3_endpoint))
+        result = tune(repository, model, version, _one_server(gate), tune_settings, s3=s3_settings(s3_endpoint))
     out_file.write_text(result.to_json())
     table = Table(*report.TUNING_HEADER)
     for row in report.tuning_rows(json.loads(result.to_json())):
@@ -480,7 +464,9 @@ def tune_cmd(
     out_console_line(f"chosen: {result.chosen} ({len(result.trials)} of {result.grid_size} settings measured)")
 
 
-RelativeLimitOption = Annotated[float, typer.Option(help="limit relative to stable, percent; 0 switches it off")]
+def _gate_option(name: str) -> Any:
+    """A `gate` option named, defaulted and explained by components/settings.py's GATE_PARAMETERS."""
+    return typer.Option(help=GATE_PARAMETERS[name].help)
 
 
 @app.command("gate")
@@ -492,43 +478,35 @@ def gate_cmd(
     gate: GateOption,
     out: Annotated[Path, typer.Option(help="folder for verdict.json, report.md/html, the plot and raw CSVs")],
     stage_result: Annotated[Path | None, typer.Option(help="the stage result JSON (its accuracy check counts)")] = None,
-    concurrency: Annotated[
-        int, typer.Option(help="perf_analyzer concurrency, per model")
-    ] = gate_defaults.DEFAULT_CONCURRENCY,
-    request_rate: Annotated[
-        float | None, typer.Option(help="fixed request rate per model instead of concurrency")
-    ] = None,
-    window_ms: Annotated[int, typer.Option(help="length of one measured window")] = gate_defaults.DEFAULT_WINDOW_MS,
-    design: Annotated[str, typer.Option(help="duet (both models at once) or alternating")] = "duet",
-    min_rounds: Annotated[
-        int, typer.Option(help="rounds measured before any decision")
-    ] = gate_defaults.DEFAULT_MIN_ROUNDS,
-    budget_s: Annotated[
-        float, typer.Option(help="measuring time after which an undecided gate is inconclusive")
-    ] = gate_defaults.DEFAULT_BUDGET_S,
-    max_p99_ms: Annotated[float | None, typer.Option(help="absolute limit on candidate p99 latency")] = None,
-    min_throughput: Annotated[float | None, typer.Option(help="absolute limit on candidate inferences/s")] = None,
-    max_p99_regression_pct: RelativeLimitOption = gate_defaults.DEFAULT_MAX_REGRESSION_PCT,
-    max_throughput_regression_pct: RelativeLimitOption = gate_defaults.DEFAULT_MAX_REGRESSION_PCT,
+    concurrency: Annotated[int, _gate_option("concurrency")] = settings.DEFAULT_CONCURRENCY,
+    request_rate: Annotated[float, _gate_option("request_rate")] = 0.0,
+    window_ms: Annotated[int, _gate_option("window_ms")] = settings.DEFAULT_WINDOW_MS,
+    design: Annotated[settings.Design, _gate_option("design")] = settings.DEFAULT_DESIGN,
+    min_rounds: Annotated[int, _gate_option("min_rounds")] = settings.DEFAULT_MIN_ROUNDS,
+    budget_s: Annotated[float, _gate_option("budget_s")] = settings.DEFAULT_BUDGET_S,
+    max_p99_ms: Annotated[float, _gate_option("max_p99_ms")] = 0.0,
+    min_throughput: Annotated[float, _gate_option("min_throughput")] = 0.0,
+    max_p99_regression_pct: Annotated[
+        float, _gate_option("max_p99_regression_pct")
+    ] = settings.DEFAULT_MAX_REGRESSION_PCT,
+    max_throughput_regression_pct: Annotated[
+        float, _gate_option("max_throughput_regression_pct")
+    ] = settings.DEFAULT_MAX_REGRESSION_PCT,
     tuning: TuningOption = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Measure candidate against stable with perf_analyzer and decide pass / fail / inconclusive. Exit 0 only on pass."""
     from components import gate as gate_step
-    from components.stage import StageResult
-    from components.tune import TuneResult
+    from components.results import StageResult, TuneResult
 
-    settings = gate_settings(
-        concurrency=concurrency, request_rate=request_rate, window_ms=window_ms, design=design, min_rounds=min_rounds,
-        budget_s=budget_s, max_p99_ms=max_p99_ms, min_throughput=min_throughput,
-        max_p99_regression_pct=max_p99_regression_pct, max_throughput_regression_pct=max_throughput_regression_pct,
-    )  # fmt: skip
-    staged = read_result(stage_result, "stage result", StageResult.from_json) if stage_result else None
-    tuned = read_result(tuning, "tuning result", TuneResult.from_json) if tuning else None
+    given = locals()
+    gate_settings = _gate_settings({name: given[name] for name in GATE_PARAMETERS})
+    staged = read_result(stage_result, "stage result", StageResult) if stage_result else None
+    tuned = read_result(tuning, "tuning result", TuneResult) if tuning else None
     with lease_given_back_on_failure(repository, model, version, s3_endpoint) as succeeded:
         with console.status(f"measuring {model} v{version} against stable (at most {budget_s:g} s)"):
             result = gate_step.gate(
-                repository, model, version, _one_server(gate), settings, staged, out, s3=s3_settings(s3_endpoint),
+                repository, model, version, _one_server(gate), gate_settings, staged, out, s3=s3_settings(s3_endpoint),
                 tuning=tuned,
             )  # fmt: skip
         if (out / "report.md").exists():
@@ -552,14 +530,14 @@ def promote_cmd(
     """Roll the gated candidate out to every production replica, one at a time; revert on any failure."""
     from components.promote import promote
     from components.replicas import resolve
-    from components.tune import TuneResult
+    from components.results import TuneResult, Verdict
 
-    decided = read_verdict(verdict)
+    decided = read_result(verdict, "verdict", Verdict)
     targets = resolve(replicas)
-    serving = read_result(tuning, "tuning result", TuneResult.from_json).chosen if tuning else None
-    with console.status(f"promoting {decided['model']} v{decided['version']} to {len(targets)} replicas") as status:
+    serving = read_result(tuning, "tuning result", TuneResult).chosen if tuning else None
+    with console.status(f"promoting {decided.model} v{decided.version} to {len(targets)} replicas") as status:
         result = promote(
-            repository, decided["model"], int(decided["version"]), targets, decided["verdict"],
+            repository, decided.model, decided.version, targets, decided.verdict,
             gate_url=_one_server(gate) if gate else None, settings=serving, s3=s3_settings(s3_endpoint),
             progress=lambda what, replica: status.update(f"{what} {replica.name}"),
         )  # fmt: skip
@@ -578,11 +556,12 @@ def reject_cmd(
 ) -> None:
     """Unload the candidate from the gate, leave production untouched, record the verdict."""
     from components.promote import reject
+    from components.results import Verdict
 
-    decided = read_verdict(verdict)
-    reject(repository, decided["model"], int(decided["version"]), decided["verdict"], decided["reasons"],
+    decided = read_result(verdict, "verdict", Verdict)
+    reject(repository, decided.model, decided.version, decided.verdict, decided.reasons,
            gate_url=_one_server(gate) if gate else None, s3=s3_settings(s3_endpoint))  # fmt: skip
-    out_console_line(f"rejected {decided['model']} v{decided['version']} ({decided['verdict']}); production unchanged")
+    out_console_line(f"rejected {decided.model} v{decided.version} ({decided.verdict}); production unchanged")
 
 
 @app.command("reconcile")

@@ -7,11 +7,24 @@ import io
 import json
 import logging
 import os
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from components.errors import TritonshipError
+
+# Expected by design: our components name their images (images/versions.yaml), which the SubprocessRunner does
+# not run; it warns once per task. Only this warning is silenced.
+EXPECTED_WARNING = r"You may be attemping to run a task that uses custom or non-Python base image"
+
+
+@contextlib.contextmanager
+def expected_warnings_silenced() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=EXPECTED_WARNING, category=RuntimeWarning)
+        yield
 
 
 class LocalRunError(TritonshipError):
@@ -86,7 +99,7 @@ def run_local(
     try:
         if quiet:
             kfp_logger.setLevel(logging.WARNING)
-        with contextlib.redirect_stdout(log) if quiet else contextlib.nullcontext():
+        with contextlib.redirect_stdout(log) if quiet else contextlib.nullcontext(), expected_warnings_silenced():
             release_pipeline(**parameters)
     except Exception as exc:
         raise LocalRunError(f"the pipeline failed under the local runner: {str(exc).splitlines()[0]}") from None

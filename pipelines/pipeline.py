@@ -11,8 +11,8 @@ from typing import NamedTuple
 from kfp import dsl, kubernetes
 from kfp.dsl import HTML, Input, Markdown, Metrics, Model, Output
 
-from components import admin_key
-from components import gate as gate_defaults
+from components import admin_key, settings
+from components.settings import GATE_PARAMETERS
 from pipelines.images import image
 
 AWS_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
@@ -126,9 +126,7 @@ def tune_op(
     run_id: str,
     enabled: bool,
     budget: int,
-    concurrency: int,
-    window_ms: int,
-    max_p99_ms: float,
+    gate_settings: dict,
     report: Output[Markdown],
 ) -> str:
     """Search the candidate's serving settings on the gate (config overrides; S3 untouched). Returns the
@@ -139,16 +137,19 @@ def tune_op(
     from components.perf import LoadSettings
     from components.replicas import resolve
     from components.report import tuning_markdown
+    from components.results import StageResult
     from components.s3repo import S3Settings
-    from components.stage import StageResult
+    from components.settings import GateSettings
     from components.tune import TuneSettings, tune
 
     staged = StageResult.from_json(stage_result)
+    gating = GateSettings.from_flat(**gate_settings)  # tuned at the gate's load, within its p99 limit
     settings = TuneSettings(
-        load=LoadSettings(concurrency=concurrency, window_ms=window_ms),
-        max_p99_ms=max_p99_ms if max_p99_ms > 0 else None,
+        load=LoadSettings(concurrency=gating.concurrency, request_rate=gating.request_rate,
+                          window_ms=gating.window_ms),
+        max_p99_ms=gating.thresholds.max_p99_ms,
         budget=budget,
-    )
+    )  # fmt: skip
     result = tune(
         repository, model_name, int(version), resolve(gate)[0].url, settings, s3=S3Settings.from_env(s3_endpoint),
         run_id=run_id, enabled=enabled and staged.accuracy_passed,
@@ -156,6 +157,14 @@ def tune_op(
     text = result.to_json()
     Path(report.path).write_text("\n".join(tuning_markdown(json.loads(text))) if result.trials else "tuning was off\n")
     return text
+
+
+@dsl.component(base_image=image("tools"))
+def gate_settings_op(flat: dict) -> dict:
+    """Check the gate's parameters before anything runs: a wrong one fails here, not after the GPU compile."""
+    from components.settings import GateSettings
+
+    return GateSettings.from_flat(**flat).to_flat()
 
 
 @dsl.component(base_image=image("gate"))
@@ -168,15 +177,7 @@ def gate_op(
     tuning_json: str,
     s3_endpoint: str,
     run_id: str,
-    concurrency: int,
-    window_ms: int,
-    design: str,
-    min_rounds: int,
-    budget_s: float,
-    max_p99_ms: float,
-    min_throughput: float,
-    max_p99_regression_pct: float,
-    max_throughput_regression_pct: float,
+    gate_settings: dict,
     metrics: Output[Metrics],
     report: Output[Markdown],
     report_html: Output[HTML],
@@ -186,18 +187,13 @@ def gate_op(
     from collections import namedtuple
     from pathlib import Path
 
-    from components.gate import GateSettings
     from components.gate import gate as run_gate
     from components.replicas import resolve
+    from components.results import StageResult, TuneResult
     from components.s3repo import S3Settings
-    from components.stage import StageResult
-    from components.tune import TuneResult
+    from components.settings import GateSettings
 
-    settings = GateSettings.from_flat(
-        concurrency=concurrency, window_ms=window_ms, design=design, min_rounds=min_rounds, budget_s=budget_s,
-        max_p99_ms=max_p99_ms, min_throughput=min_throughput, max_p99_regression_pct=max_p99_regression_pct,
-        max_throughput_regression_pct=max_throughput_regression_pct,
-    )  # fmt: skip
+    settings = GateSettings.from_flat(**gate_settings)
     with tempfile.TemporaryDirectory() as tmp:
         result = run_gate(
             repository, model_name, int(version), resolve(gate)[0].url, settings,
@@ -221,14 +217,12 @@ def gate_op(
 def promote_op(repository: str, model_name: str, version: int, replicas: str, gate: str, verdict_json: str,
                tuning_json: str, s3_endpoint: str, run_id: str):  # fmt: skip
     """Rolling reload of every production replica with the tuned settings; reverts and fails on any error."""
-    import json
-
     from components.promote import promote
     from components.replicas import resolve
+    from components.results import TuneResult, Verdict
     from components.s3repo import S3Settings
-    from components.tune import TuneResult
 
-    verdict = json.loads(verdict_json)["verdict"]
+    verdict = Verdict.from_json(verdict_json).verdict
     promote(repository, model_name, int(version), resolve(replicas), verdict, resolve(gate)[0].url,
             settings=TuneResult.from_json(tuning_json).chosen, s3=S3Settings.from_env(s3_endpoint),
             run_id=run_id)  # fmt: skip
@@ -239,14 +233,13 @@ def reject_op(
     repository: str, model_name: str, version: int, gate: str, verdict_json: str, s3_endpoint: str, run_id: str
 ):
     """Leave production untouched, unload the candidate, record why."""
-    import json
-
     from components.promote import reject
     from components.replicas import resolve
+    from components.results import Verdict
     from components.s3repo import S3Settings
 
-    decided = json.loads(verdict_json)
-    reject(repository, model_name, int(version), decided["verdict"], decided["reasons"], resolve(gate)[0].url,
+    decided = Verdict.from_json(verdict_json)
+    reject(repository, model_name, int(version), decided.verdict, decided.reasons, resolve(gate)[0].url,
            s3=S3Settings.from_env(s3_endpoint), run_id=run_id)  # fmt: skip
 
 
@@ -286,15 +279,7 @@ def release_steps(
     admin_secret_name: str,
     replicas: str,
     gate: str,
-    concurrency: int,
-    window_ms: int,
-    design: str,
-    min_rounds: int,
-    budget_s: float,
-    max_p99_ms: float,
-    min_throughput: float,
-    max_p99_regression_pct: float,
-    max_throughput_regression_pct: float,
+    gate_settings: dict,
     tune: bool,
     tune_budget: int,
 ):
@@ -318,18 +303,15 @@ def release_steps(
         tuned = _with_secrets(
             tune_op(
                 repository=repository, model_name=model_name, version=version, gate=gate, stage_result=staged.output,
-                s3_endpoint=s3_endpoint, run_id=run_id, enabled=tune, budget=tune_budget, concurrency=concurrency,
-                window_ms=window_ms, max_p99_ms=max_p99_ms,
+                s3_endpoint=s3_endpoint, run_id=run_id, enabled=tune, budget=tune_budget, gate_settings=gate_settings,
             ),
             aws_secret_name, admin_secret_name,
         )  # fmt: skip
         gated = _with_secrets(
             gate_op(
                 repository=repository, model_name=model_name, version=version, gate=gate, stage_result=staged.output,
-                tuning_json=tuned.outputs["Output"], s3_endpoint=s3_endpoint, run_id=run_id, concurrency=concurrency,
-                window_ms=window_ms, design=design, min_rounds=min_rounds, budget_s=budget_s, max_p99_ms=max_p99_ms,
-                min_throughput=min_throughput, max_p99_regression_pct=max_p99_regression_pct,
-                max_throughput_regression_pct=max_throughput_regression_pct,
+                tuning_json=tuned.outputs["Output"], s3_endpoint=s3_endpoint, run_id=run_id,
+                gate_settings=gate_settings,
             ),
             aws_secret_name, admin_secret_name,
         )  # fmt: skip
@@ -362,10 +344,32 @@ def _compile_task(
     return task
 
 
-@dsl.pipeline(
-    name="tritonship-release",
-    description="Export, compile, publish, gate and promote a PyTorch model to Triton on S3.",
-)
+RELEASE_ARGS = """Export, compile, publish, gate and promote a PyTorch model to Triton on S3.
+
+Args:
+    model_source: the model, package.module:factory returning a torch.nn.Module
+    checkpoint: a state_dict for it (local path or s3:// URI); empty for none
+    signature: the I/O signature (YAML or JSON): input and output names, dtypes, shapes, batching
+    model_name: the name production serves the model under
+    golden_samples: golden input samples kept for the accuracy checks
+    compile_target: tensorrt or torchscript
+    precision: fp32 or fp16
+    compile_device: cuda or cpu
+    serving_flavour: libtorch (Triton's PyTorch backend) or python (model.pt through the Python backend)
+    gpu_count: GPUs the compile step asks for
+    gpu_node_selector: node selector of the compile step
+    gpu_tolerations: tolerations of the compile step
+    repository: the repository root, s3://bucket/prefix
+    s3_endpoint: an S3-compatible endpoint URL; empty for AWS
+    aws_secret_name: Kubernetes Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (optional, for IRSA)
+    admin_secret_name: Kubernetes Secret with the Tritons' admin key (key admin-key)
+    replicas: production replicas, host:port,... or k8s://namespace/label-selector
+    gate: the gate server, in the same forms
+    tune: search the candidate's serving settings on the gate before the gate measures it
+    tune_budget: settings the tune step measures at most
+"""
+
+
 def release_pipeline(
     model_source: str = "mypackage.models:build_model",
     checkpoint: str = "",
@@ -385,28 +389,35 @@ def release_pipeline(
     admin_secret_name: str = "tritonship-triton-admin",
     replicas: str = "k8s://triton/app.kubernetes.io/component=production",
     gate: str = "k8s://triton/app.kubernetes.io/component=gate",
-    concurrency: int = gate_defaults.DEFAULT_CONCURRENCY,
-    window_ms: int = gate_defaults.DEFAULT_WINDOW_MS,
-    design: str = "duet",
-    min_rounds: int = gate_defaults.DEFAULT_MIN_ROUNDS,
-    budget_s: float = gate_defaults.DEFAULT_BUDGET_S,
+    concurrency: int = settings.DEFAULT_CONCURRENCY,
+    request_rate: float = 0.0,
+    window_ms: int = settings.DEFAULT_WINDOW_MS,
+    design: str = settings.DEFAULT_DESIGN,
+    min_rounds: int = settings.DEFAULT_MIN_ROUNDS,
+    budget_s: float = settings.DEFAULT_BUDGET_S,
     max_p99_ms: float = 0.0,
     min_throughput: float = 0.0,
-    max_p99_regression_pct: float = gate_defaults.DEFAULT_MAX_REGRESSION_PCT,
-    max_throughput_regression_pct: float = gate_defaults.DEFAULT_MAX_REGRESSION_PCT,
+    max_p99_regression_pct: float = settings.DEFAULT_MAX_REGRESSION_PCT,
+    max_throughput_regression_pct: float = settings.DEFAULT_MAX_REGRESSION_PCT,
     tune: bool = True,
     tune_budget: int = 16,
 ):
+    given = locals()  # the gate's parameters travel as one dict, checked before anything runs
+    gating = gate_settings_op(flat={name: given[name] for name in GATE_PARAMETERS})
     exported = _with_s3_secret(
         export_op(model_source=model_source, checkpoint=checkpoint, signature=signature, golden_samples=golden_samples),
         aws_secret_name,
-    )
+    ).after(gating)
     compiled = _compile_task(exported, model_name, compile_target, precision, compile_device, serving_flavour, gpu_count,
                              gpu_node_selector, gpu_tolerations)  # fmt: skip
     release_steps(
         compiled=compiled.outputs["compiled"], model_name=model_name, repository=repository, s3_endpoint=s3_endpoint,
         aws_secret_name=aws_secret_name, admin_secret_name=admin_secret_name, replicas=replicas, gate=gate,
-        concurrency=concurrency, window_ms=window_ms, design=design, min_rounds=min_rounds, budget_s=budget_s, max_p99_ms=max_p99_ms, min_throughput=min_throughput,
-        max_p99_regression_pct=max_p99_regression_pct, max_throughput_regression_pct=max_throughput_regression_pct,
-        tune=tune, tune_budget=tune_budget,
+        gate_settings=gating.output, tune=tune, tune_budget=tune_budget,
     )  # fmt: skip
+
+
+# The compiled pipeline carries each parameter's description (the UI shows it); the gate's come from
+# components/settings.py like the CLI's.
+release_pipeline.__doc__ = RELEASE_ARGS + "".join(f"    {n}: {p.help}\n" for n, p in GATE_PARAMETERS.items())
+release_pipeline = dsl.pipeline(name="tritonship-release")(release_pipeline)

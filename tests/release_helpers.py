@@ -11,11 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
-from components.gate import GateResult, GateSettings, Thresholds, gate
+from components.gate import gate
 from components.promote import promote
 from components.publish import publish
 from components.replicas import Replica
-from components.stage import StageResult, stage
+from components.results import GateResult, StageResult
+from components.settings import GateSettings, Thresholds
+from components.stage import stage
 from components.triton_admin import TritonAdmin
 from pipelines.stack import EmbeddedStack
 

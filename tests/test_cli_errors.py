@@ -109,8 +109,8 @@ CASES = [
     ),
     (
         ["gate"],
-        [*GATE_ARGS, "--design", "both"],
-        "design must be",
+        [*GATE_ARGS, "--min-rounds", "2"],
+        "min_rounds must be at least 5",
     ),
     (["promote"], ["-r", "{repo}", "--verdict", "{missing}", "--replicas", "{closed}"], "does not exist"),
     (["promote"], ["-r", "{repo}", "--verdict", "{dir}", "--replicas", "{closed}"], "is a directory"),

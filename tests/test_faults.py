@@ -20,12 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.gate import Thresholds, gate
+from components.gate import gate
 from components.promote import PartialRevert, PromotionError, promote, reject
 from components.publish import publish
 from components.reconcile import reconcile
 from components.repository import ModelRepository, candidate_name
 from components.s3repo import S3Error, S3Settings
+from components.settings import Thresholds
 from components.stage import stage
 from components.triton_admin import TritonAdmin
 from pipelines.stack import EmbeddedStack

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from components import perf
-from components.gate import GateResult, GateSettings, Thresholds, measure_sequentially, round_requests
+from components.gate import measure_sequentially, round_requests
 from components.gate_stats import Effect, Limits, Rounds, effects, judge
+from components.results import GateResult
+from components.settings import GateSettings, Thresholds
 
 WINDOW_NS = 1_000_000_000
 
@@ -152,12 +154,3 @@ def test_a_duet_round_counts_only_the_seconds_both_runs_measured():
     assert c_s == s_s == 2.5
     assert abs(c_ms.size - 1250) < 100 and abs(s_ms.size - 1250) < 100
     assert round_requests(a, b, duet=False)[2:] == (3.0, 3.0)  # alternating: each run's own span
-
-
-def test_settings_are_validated_where_they_are_built():
-    with pytest.raises(ValueError, match="design must be 'duet' or 'alternating'"):
-        GateSettings(design="both")
-    with pytest.raises(ValueError, match="must be positive"):
-        Thresholds(max_p99_ms=-1)
-    off = GateSettings.from_flat(max_p99_ms=0, max_p99_regression_pct=0, max_throughput_regression_pct=15)
-    assert off.thresholds == Thresholds(None, None, None, 15)

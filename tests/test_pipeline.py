@@ -188,3 +188,20 @@ def test_demo_table_without_a_terminal_prints_every_reason_in_full():
     for row in rows:
         assert f"{row[0]}: {row[-1]}" in lines  # whole, on one line of its own
     assert all("straddles" not in line for line in lines if "│" in line)  # reasons left the table
+
+
+def test_only_the_local_runners_expected_image_warning_is_silenced():
+    import warnings
+
+    from pipelines.local import expected_warnings_silenced
+
+    expected = (
+        'You may be attemping to run a task that uses custom or non-Python base image "gate:1" in a Python '
+        "environment. This may result in incorrect dependencies and/or incorrect behavior."
+    )
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with expected_warnings_silenced():
+            for message in (expected, "a task failed to report its metrics"):
+                warnings.warn(message, RuntimeWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["a task failed to report its metrics"]

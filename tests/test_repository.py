@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError
 from components import model_config
 from components.model_folder import ModelFolderError
 from components.publish import publish
-from components.repository import LeaseHeld, ModelRepository, RepositoryError, candidate_name
+from components.repository import LeaseHeld, Leases, ModelRepository, RepositoryError, Versions, candidate_name
 from components.s3repo import S3Error, S3Settings
 from components.triton_admin import TritonAdmin
 from pipelines.stack import ManagedProcess, free_port, port_is_open
@@ -293,7 +293,9 @@ def test_repo_cli_lists_and_shows_history(tmp_path, stack, repo):
     assert json.loads(json.dumps(repo.history(name)[-1]))["verdict"] == "fail"
 
 
-def test_release_lease_lets_one_release_of_a_model_proceed_and_expires(stack, repo):
+def test_release_lease_lets_one_release_of_a_model_proceed_and_expires(stack):
+    """The lease part of the repository on its own (components/repository/leases.py)."""
+    repo = Leases(f"s3://{stack.bucket}", stack.s3)
     name, other = _name(), _name()
     repo.acquire_lease(name, "run-a")
     with pytest.raises(LeaseHeld, match=rf"'{name}' is being released by run run-a .*wait for it to finish"):
@@ -309,7 +311,8 @@ def test_release_lease_lets_one_release_of_a_model_proceed_and_expires(stack, re
         repo.acquire_lease(name, "run-b")
 
 
-def test_racing_runs_get_the_lease_exactly_once(stack, repo):
+def test_racing_runs_get_the_lease_exactly_once(stack):
+    repo = Leases(f"s3://{stack.bucket}", stack.s3)
     name = _name()
     winners, losers = [], []
 
@@ -326,3 +329,18 @@ def test_racing_runs_get_the_lease_exactly_once(stack, repo):
     for t in threads:
         t.join()
     assert len(winners) == 1 and len(losers) == 5
+
+
+def test_version_numbers_on_their_own_are_contiguous_claimed_once_and_resumable(stack):
+    """The allocation part of the repository on its own (components/repository/versions.py)."""
+    versions = Versions(f"s3://{stack.bucket}/alloc-{uuid.uuid4().hex[:6]}", stack.s3)
+    name = _name()
+    taken = [versions.allocate_version(name, {"run_id": f"r{i}"}) for i in range(3)]
+    assert taken == [1, 2, 3] and sorted(versions.allocated_versions(name)) == [1, 2, 3]
+    member = _name()
+    versions.claim_version(member, 3, {"run_id": "ens", "digest": "d1"})
+    versions.claim_version(member, 3, {"run_id": "ens", "digest": "d1"})  # the same release resumes its claim
+    with pytest.raises(RepositoryError, match="already taken by another release"):
+        versions.claim_version(member, 3, {"run_id": "other", "digest": "d2"})
+    assert versions.allocation(member, 3) == {"run_id": "ens", "digest": "d1"}
+    assert versions.allocate_version(member, {"run_id": "next"}) == 4

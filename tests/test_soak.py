@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.gate import GateSettings, Thresholds, gate
+from components.gate import gate
 from components.promote import promote, reject
 from components.publish import publish
 from components.repository import ModelRepository
+from components.settings import GateSettings, Thresholds
 from components.stage import stage
 from components.triton_admin import TritonAdmin
 from pipelines.stack import EmbeddedStack

@@ -15,9 +15,10 @@ from components.model_config import ServingSettings
 from components.promote import promote
 from components.publish import publish
 from components.repository import ModelRepository
+from components.results import Trial, TuneResult
 from components.stage import stage
 from components.triton_admin import TritonAdmin
-from components.tune import Trial, TuneResult, TuneSettings, grid, knobs, search, tune
+from components.tune import TuneSettings, grid, knobs, search, tune
 from tests.models import numpy_mlp_folder
 from tests.release_helpers import TEST_GATE, replicas, repository, unique
 

@@ -17,11 +17,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from components.gate import GateSettings, Thresholds, gate
+from components.gate import gate
 from components.promote import promote, reject
 from components.publish import publish
 from components.replicas import Replica
 from components.repository import ModelRepository
+from components.settings import GateSettings, Thresholds
 from components.stage import stage
 from components.triton_admin import TritonAdmin
 from pipelines.samples import recsys

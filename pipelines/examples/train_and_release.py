@@ -7,9 +7,8 @@ release steps as a sub-pipeline. Runs on Kubeflow and under the local runner:
 from kfp import dsl
 from kfp.dsl import Model, Output
 
-from components import gate as gate_defaults
 from pipelines.images import image
-from pipelines.pipeline import compile_op, export_trained_op, release_steps
+from pipelines.pipeline import compile_op, export_trained_op, gate_settings_op, release_steps
 from pipelines.sample_models import SAMPLE_SIGNATURE
 
 
@@ -43,6 +42,7 @@ def train_and_release(
     steps: int = 50,
     seed: int = 0,
     aws_secret_name: str = "tritonship-s3",
+    admin_secret_name: str = "tritonship-triton-admin",
     max_p99_ms: float = 50.0,
 ):
     trained = train_op(steps=steps, seed=seed)
@@ -54,13 +54,11 @@ def train_and_release(
         exported=exported.outputs["exported"], model_name=model_name, target="torchscript", precision="fp32",
         device="cpu", flavour="python",
     )  # fmt: skip
+    gating = gate_settings_op(flat={"max_p99_ms": max_p99_ms})  # the gate's defaults otherwise
     release_steps(
         compiled=compiled.outputs["compiled"], model_name=model_name, repository=repository, s3_endpoint=s3_endpoint,
-        aws_secret_name=aws_secret_name, replicas=replicas, gate=gate,
-        concurrency=gate_defaults.DEFAULT_CONCURRENCY, window_ms=gate_defaults.DEFAULT_WINDOW_MS, design="duet",
-        min_rounds=gate_defaults.DEFAULT_MIN_ROUNDS, budget_s=gate_defaults.DEFAULT_BUDGET_S, max_p99_ms=max_p99_ms,
-        min_throughput=0.0, max_p99_regression_pct=gate_defaults.DEFAULT_MAX_REGRESSION_PCT,
-        max_throughput_regression_pct=gate_defaults.DEFAULT_MAX_REGRESSION_PCT, tune=False, tune_budget=0,
+        aws_secret_name=aws_secret_name, admin_secret_name=admin_secret_name, replicas=replicas, gate=gate,
+        gate_settings=gating.output, tune=False, tune_budget=0,
     )  # fmt: skip
 
 
@@ -75,7 +73,7 @@ if __name__ == "__main__":
     with EmbeddedStack(replicas=2, gate=True) as stack:
         import os
 
-        os.environ.update(stack.s3.env())
+        os.environ.update(stack.env())
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(Path(tempfile.mkdtemp())))
         train_and_release(
             repository=f"s3://{stack.bucket}", s3_endpoint=stack.s3.endpoint_url,

@@ -1,0 +1,111 @@
+"""Where the export step gets the user's model: `package.module:factory` (with an optional state_dict
+checkpoint, local or s3://), a TorchScript file or a saved ExportedProgram (.pt2). Every failure is one
+sentence saying what to fix; a checkpoint is loaded as data only (`weights_only=True`)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from components.errors import TritonshipError
+from components.s3repo import S3Settings, download_file, split_s3_uri
+
+
+class ExportError(TritonshipError):
+    """The model could not be loaded, checked or exported."""
+
+
+def load_model(source: str, checkpoint: str | None = None, s3: S3Settings | None = None) -> nn.Module:
+    """The user's model in eval mode on the CPU, from a factory, a TorchScript file or an ExportedProgram."""
+    path = Path(source)
+    if path.suffix in {".pt2", ".ts", ".pt", ".pth", ".jit"} or path.exists():
+        if checkpoint:
+            raise ExportError("a checkpoint goes with a `package.module:factory` model, not with a saved model file.")
+        return _load_saved_model(path)
+    if ":" not in source:
+        raise ExportError(
+            f"model {source!r} is neither a file nor `package.module:factory`; give a factory that returns an "
+            "nn.Module, a TorchScript file or an ExportedProgram (.pt2)."
+        )
+    model = _call_factory(source)
+    if checkpoint:
+        _load_checkpoint(model, checkpoint, s3)
+    return model.eval()
+
+
+def _call_factory(source: str) -> nn.Module:
+    module_name, _, attr = source.partition(":")
+    if "." not in sys.path and "" not in sys.path:
+        sys.path.insert(0, ".")  # a factory in the caller's working tree, as `python -m` would find it
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ExportError(f"cannot import {module_name!r} for the model factory: {exc}.") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ExportError(f"{module_name} has no callable {attr!r}; the factory must return an nn.Module.")
+    model = factory()
+    if not isinstance(model, nn.Module):
+        raise ExportError(f"{source} returned {type(model).__name__}, not a torch.nn.Module.")
+    return model
+
+
+def _load_saved_model(path: Path) -> nn.Module:
+    if not path.is_file():
+        raise ExportError(f"the model file {path} does not exist.")
+    if path.stat().st_size == 0 or not zipfile.is_zipfile(path):
+        raise ExportError(f"{path} is not a TorchScript or ExportedProgram file (empty, truncated or another format).")
+    try:
+        if path.suffix == ".pt2":
+            return torch.export.load(str(path)).module()
+        return torch.jit.load(str(path), map_location="cpu").eval()
+    except Exception as exc:  # torch raises many types for a bad archive
+        raise ExportError(f"{path} could not be loaded as a saved model: {first_line(exc)}.") from None
+
+
+def _load_checkpoint(model: nn.Module, checkpoint: str, s3: S3Settings | None) -> None:
+    with tempfile.TemporaryDirectory(prefix="tritonship-ckpt-") as tmp:
+        local = Path(checkpoint)
+        if checkpoint.startswith("s3://"):
+            bucket, key = split_s3_uri(checkpoint)
+            local = Path(tmp) / "checkpoint.pt"
+            download_file(s3 or S3Settings.from_env(), bucket, key, local)
+        if not local.is_file():
+            raise ExportError(f"the checkpoint {checkpoint} does not exist.")
+        try:
+            # weights_only: a checkpoint is data, never code; a pickle that needs more is refused.
+            state = torch.load(local, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ExportError(
+                f"the checkpoint {checkpoint} is not a loadable state_dict ({first_line(exc)}); "
+                "save it with torch.save(model.state_dict(), path)."
+            ) from None
+    if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
+        state = state["state_dict"]  # Lightning-style {"state_dict": ...}
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ExportError(
+            f"the checkpoint {checkpoint} is not a state_dict (a mapping of names to tensors); "
+            "save it with torch.save(model.state_dict(), path)."
+        )
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # shape mismatches
+        detail = " ".join(str(exc).split("\n")[1:2]).strip()
+        raise ExportError(f"the checkpoint {checkpoint} does not fit the model: {detail[:300]}") from None
+    if result.missing_keys or result.unexpected_keys:
+        raise ExportError(
+            f"the checkpoint {checkpoint} does not fit the model: missing {list(result.missing_keys)[:5]}, "
+            f"unexpected {list(result.unexpected_keys)[:5]}."
+        )
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]

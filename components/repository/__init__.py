@@ -1,0 +1,47 @@
+"""The S3 model repository: immutable versions, a manifest written last, staging, history, desired state.
+
+Layout under a repository root `s3://bucket/root` (docs/design.md section 2):
+
+    root/models/<model>/config.pbtxt            desired state: version_policy pinned to the promoted version
+    root/models/<model>/<v>/...                 promoted versions (copied from staging), manifest.json last
+    root/staging/<model>__candidate/<v>/...     published candidates; only the gate server mounts staging/
+    root/versions/<model>/<v>                   allocation markers (conditional writes: one owner per number)
+    root/history/<model>/<time>-<id>.json       append-only events, one object each
+    root/leases/<model>.json                    the per-model release lease
+
+Production Tritons mount root/models, the gate mounts root/models and root/staging. A version
+directory without manifest.json does not exist for readers; `gc` removes it after a grace period.
+"""
+
+from __future__ import annotations
+
+from components.repository.desired import DesiredState
+from components.repository.history import History
+from components.repository.leases import DEFAULT_LEASE_SECONDS, LeaseHeld, Leases, lease_owner
+from components.repository.maintenance import Maintenance
+from components.repository.manifests import Manifest, Manifests, content_digest
+from components.repository.store import (
+    CONFIG,
+    MANIFEST,
+    PRODUCTION,
+    STAGING,
+    TRANSFER,
+    RepositoryError,
+    Store,
+    VersionConflict,
+    candidate_name,
+    sha256_file,
+    utc_now,
+)  # fmt: skip
+from components.repository.versions import Versions
+
+
+class ModelRepository(Maintenance, Manifests, Versions, DesiredState, Leases, History):
+    """One repository root on S3: the one entry point; each part lives in its own module of this package."""
+
+
+__all__ = [
+    "CONFIG", "DEFAULT_LEASE_SECONDS", "MANIFEST", "PRODUCTION", "STAGING", "TRANSFER", "DesiredState", "History",
+    "LeaseHeld", "Leases", "Maintenance", "Manifest", "Manifests", "ModelRepository", "RepositoryError", "Store",
+    "VersionConflict", "Versions", "candidate_name", "content_digest", "lease_owner", "sha256_file", "utc_now",
+]  # fmt: skip

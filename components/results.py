@@ -1,0 +1,262 @@
+"""What each step hands to the next: the stage, tune, gate and promotion results, with one serialisation.
+
+Every result is a dataclass and a `Result`: `to_json` writes its fields (plus what `derived()` adds for
+readers of the file), `from_json` rebuilds it from its field types, checking them, and ignores the derived
+keys. The gate's full result (`GateResult`, with every request's latency) is written as a `Verdict`
+(verdict.json), which is what the CLI, the pipeline and the report's readers load.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+
+from components.gate_stats import Effect, Rounds
+from components.model_config import ServingSettings
+from components.parity import OutputParity
+
+R = TypeVar("R", bound="Result")
+VerdictName = Literal["pass", "fail", "inconclusive"]
+
+
+class Result:
+    """One serialisation for every result dataclass."""
+
+    def derived(self) -> dict[str, Any]:
+        """Figures computed from the fields, written for readers of the JSON and ignored when read back."""
+        return {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), **self.derived()}  # type: ignore[call-overload]
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    @classmethod
+    def from_json(cls: type[R], text: str | bytes) -> R:
+        """Raises ValueError, naming what is wrong, for text that is not this result."""
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"not JSON ({exc})") from None
+        return _build(cls, data, cls.__name__)
+
+
+def _build(kind: Any, value: Any, where: str) -> Any:
+    """`value` (parsed JSON) as an instance of the type `kind`, checked on the way."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        return _build(next(a for a in args if a is not type(None)), value, where)
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{where} is {value!r}, not one of {', '.join(map(repr, args))}")
+        return value
+    if is_dataclass(kind):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} is not an object")
+        hints = typing.get_type_hints(kind)
+        missing = [f.name for f in fields(kind) if f.name not in value and _required(f)]
+        if missing:
+            raise ValueError(f"{where} has no {', '.join(missing)}")
+        known = {f.name for f in fields(kind)}
+        return kind(**{k: _build(hints[k], v, f"{where}.{k}") for k, v in value.items() if k in known})
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            raise ValueError(f"{where} is not a list")
+        items = [_build(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict or kind is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} is not an object")
+        return value
+    if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{where} is {value!r}, not a {kind.__name__}")
+    return value
+
+
+def _required(f: Any) -> bool:
+    from dataclasses import MISSING
+
+    return f.default is MISSING and f.default_factory is MISSING
+
+
+# ------------------------------------------------------------------------------------------- stage
+@dataclass
+class StageResult(Result):
+    model: str
+    version: int
+    candidate: str
+    gate_url: str
+    accuracy_passed: bool
+    accuracy: list[OutputParity] = field(default_factory=list)
+    load_seconds: float = 0.0
+    load_error: str = ""  # Triton refused the candidate (bad config, model that fails to initialise)
+
+
+# -------------------------------------------------------------------------------------------- tune
+@dataclass
+class Trial:
+    settings: ServingSettings
+    throughput: float | None = None
+    p99_ms: float | None = None
+    problem: str = ""  # why it could not be measured (load refused, perf_analyzer failed)
+
+    @property
+    def measured(self) -> bool:
+        return self.throughput is not None and not self.problem
+
+    def row(self) -> dict[str, Any]:
+        """Flat: the settings' knobs beside the figures (logs, benchmark tables)."""
+        return {**asdict(self.settings), "throughput": self.throughput, "p99_ms": self.p99_ms, "problem": self.problem}
+
+    @staticmethod
+    def combined(trials: list[Trial]) -> Trial:
+        """Several measurements of one setting: their mean throughput and their highest p99."""
+        throughput = float(np.mean([t.throughput for t in trials]))
+        return Trial(trials[0].settings, throughput, max(t.p99_ms for t in trials if t.p99_ms is not None))
+
+
+@dataclass
+class TuneResult(Result):
+    model: str
+    version: int
+    default: ServingSettings
+    chosen: ServingSettings
+    p99_limit_ms: float | None
+    grid_size: int
+    trials: list[Trial] = field(default_factory=list)
+    seconds: float = 0.0
+    enabled: bool = True
+
+    def trial(self, settings: ServingSettings) -> Trial | None:
+        """The setting's measurement; for one measured twice (the default), the two combined."""
+        same = [t for t in self.trials if t.settings == settings]
+        measured = [t for t in same if t.measured]
+        if len(measured) > 1:
+            return Trial.combined(measured)
+        return (measured or same or [None])[0]
+
+    @property
+    def settings_measured(self) -> int:
+        return len({t.settings for t in self.trials})
+
+    @property
+    def gain_pct(self) -> float | None:
+        """Throughput of the chosen setting over the default's, in percent."""
+        default, chosen = self.trial(self.default), self.trial(self.chosen)
+        if not (default and chosen and default.measured and chosen.measured and default.throughput):
+            return None
+        return (chosen.throughput / default.throughput - 1) * 100
+
+    def derived(self) -> dict[str, Any]:
+        return {"gain_pct": self.gain_pct, "settings_measured": self.settings_measured}
+
+
+# -------------------------------------------------------------------------------------------- gate
+@dataclass
+class Verdict(Result):
+    """verdict.json: the gate's decision and its evidence, as the next steps and people read it."""
+
+    model: str
+    version: int
+    stable_version: int | None
+    verdict: VerdictName
+    reasons: list[str]
+    effects: list[dict[str, Any]] = field(default_factory=list)  # each limit's estimate and interval
+    rounds: int = 0
+    stopped: str = ""  # why the gate stopped measuring
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # every perf_analyzer run
+    measurement_seconds: float = 0.0
+    stable_load_seconds: float = 0.0
+    settings: dict[str, Any] = field(default_factory=dict)
+    tuning: dict[str, Any] | None = None  # the tune step's result (TuneResult's JSON)
+    candidate_summary: dict[str, Any] = field(default_factory=dict)
+    stable_summary: dict[str, Any] = field(default_factory=dict)
+    candidate_rounds: list[dict[str, Any]] = field(default_factory=list)
+    stable_rounds: list[dict[str, Any]] = field(default_factory=list)
+    p99_regression_pct: float | None = None
+    throughput_regression_pct: float | None = None
+
+
+@dataclass
+class GateResult:
+    """The gate's full result while it measures: every round's latencies; written as a `Verdict`."""
+
+    model: str
+    version: int
+    stable_version: int | None
+    verdict: VerdictName
+    reasons: list[str]
+    candidate: Rounds = field(default_factory=Rounds)
+    stable: Rounds = field(default_factory=Rounds)
+    effects: list[Effect] = field(default_factory=list)
+    rounds: int = 0
+    stopped: str = ""
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    measurement_seconds: float = 0.0
+    stable_load_seconds: float = 0.0
+    settings: dict[str, Any] = field(default_factory=dict)
+    tuning: dict[str, Any] | None = None
+
+    def effect(self, name: str) -> Effect | None:
+        return next((e for e in self.effects if e.name == name), None)
+
+    @property
+    def p99_regression_pct(self) -> float | None:
+        found = self.effect("p99")
+        return None if found is None else found.estimate * 100
+
+    @property
+    def throughput_regression_pct(self) -> float | None:
+        found = self.effect("throughput")
+        return None if found is None else -found.estimate * 100
+
+    def as_verdict(self) -> Verdict:
+        shared = {f.name: getattr(self, f.name) for f in fields(Verdict) if hasattr(self, f.name)}
+        return Verdict(
+            **{**shared, "effects": [e.to_dict() for e in self.effects]},
+            candidate_summary=self.candidate.summary(), stable_summary=self.stable.summary(),
+            candidate_rounds=self.candidate.per_round(), stable_rounds=self.stable.per_round(),
+        )  # fmt: skip
+
+    def to_json(self) -> str:
+        return self.as_verdict().to_json()
+
+
+# --------------------------------------------------------------------------------------- promotion
+@dataclass
+class ReplicaOutcome:
+    """One replica after a failed promotion, as it answered when asked: never what we meant it to serve."""
+
+    url: str
+    serving: list[int] | None  # ready versions of the model; None when the replica did not answer
+    reverted: bool  # it serves the previous version and not the candidate (nothing at all before a first release)
+
+    def describe(self) -> str:
+        if self.serving is None:
+            return f"{self.url} did not answer"
+        return f"{self.url} serves " + ("+".join(f"v{v}" for v in self.serving) or "nothing")
+
+
+@dataclass
+class PromoteResult(Result):
+    model: str
+    version: int
+    previous_version: int | None
+    replicas: list[str]
+    promoted: bool
+    reverted: bool = False  # every replica is back on the previous version (after a failed promotion)
+    problems: list[str] = field(default_factory=list)
+    load_seconds: list[float] = field(default_factory=list)  # per replica, Triton's own load time
+    after_revert: list[ReplicaOutcome] = field(default_factory=list)  # what each replica serves after a revert

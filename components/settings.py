@@ -1,0 +1,146 @@
+"""The gate's settings: named defaults, one rule for "limit off", validation where they are built.
+
+GATE_PARAMETERS is the flat form a person sets: the `tritonship gate` options and the KFP pipeline's
+parameters take their names, defaults and help from it, and tests/test_settings.py checks that the
+three agree. A limit or rate of 0 is off, in every form (None is off too, from Python)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from components import gate_stats, perf
+
+Design = Literal["duet", "alternating"]
+DESIGNS: tuple[Design, ...] = ("duet", "alternating")
+# The compile step's choices (the CLI lists and checks them from these).
+Target = Literal["torchscript", "tensorrt"]
+Precision = Literal["fp32", "fp16", "bf16"]
+Flavour = Literal["libtorch", "python"]  # Triton's PyTorch backend, or model.pt through the Python backend
+
+DEFAULT_CONCURRENCY = 1
+DEFAULT_WINDOW_MS = 1000
+DEFAULT_DESIGN: Design = "duet"
+DEFAULT_MIN_ROUNDS = gate_stats.MIN_ROUNDS
+DEFAULT_BUDGET_S = 90.0
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_MAX_REGRESSION_PCT = 10.0
+# perf_analyzer's stability check, relaxed: any three windows count as stable, so a run always reports.
+RELAXED_STABILITY_PCT = 1000.0
+
+
+@dataclass(frozen=True)
+class Parameter:
+    default: Any
+    help: str
+
+
+GATE_PARAMETERS: dict[str, Parameter] = {
+    "concurrency": Parameter(DEFAULT_CONCURRENCY, "perf_analyzer concurrency, per model"),
+    "request_rate": Parameter(0.0, "a fixed request rate per model instead of concurrency; 0 is off"),
+    "window_ms": Parameter(DEFAULT_WINDOW_MS, "length of one measured window, ms"),
+    "design": Parameter(DEFAULT_DESIGN, "duet (candidate and stable measured at once) or alternating"),
+    "min_rounds": Parameter(DEFAULT_MIN_ROUNDS, "rounds measured before any decision"),
+    "budget_s": Parameter(DEFAULT_BUDGET_S, "measuring time after which an undecided gate is inconclusive, s"),
+    "max_p99_ms": Parameter(0.0, "absolute limit on the candidate's p99 latency, ms; 0 is off"),
+    "min_throughput": Parameter(0.0, "absolute limit on the candidate's inferences/s; 0 is off"),
+    "max_p99_regression_pct": Parameter(
+        DEFAULT_MAX_REGRESSION_PCT, "p99 growth allowed against stable, percent; 0 is off"
+    ),
+    "max_throughput_regression_pct": Parameter(
+        DEFAULT_MAX_REGRESSION_PCT, "throughput loss allowed against stable, percent; 0 is off"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Limits; None is off. Relative ones are percent against the stable version."""
+
+    max_p99_ms: float | None = None  # absolute: candidate p99 latency at the gate load
+    min_throughput: float | None = None  # absolute: candidate inferences/s at the gate load
+    max_p99_regression_pct: float | None = DEFAULT_MAX_REGRESSION_PCT
+    max_throughput_regression_pct: float | None = DEFAULT_MAX_REGRESSION_PCT
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if value is not None and value <= 0:
+                raise ValueError(f"the gate limit {name} must be positive (0 or none switches it off), not {value}")
+
+    @property
+    def relative(self) -> bool:
+        return self.max_p99_regression_pct is not None or self.max_throughput_regression_pct is not None
+
+    @property
+    def absolute(self) -> bool:
+        return self.max_p99_ms is not None or self.min_throughput is not None
+
+    def limits(self, with_stable: bool) -> gate_stats.Limits:
+        pct = lambda v: None if v is None or not with_stable else v / 100  # noqa: E731
+        return gate_stats.Limits(
+            self.max_p99_ms, self.min_throughput, pct(self.max_p99_regression_pct),
+            pct(self.max_throughput_regression_pct),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    concurrency: int = DEFAULT_CONCURRENCY
+    request_rate: float | None = None  # a fixed request rate per model instead of concurrency
+    window_ms: int = DEFAULT_WINDOW_MS
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    design: Design = DEFAULT_DESIGN
+    min_rounds: int = DEFAULT_MIN_ROUNDS
+    budget_s: float = DEFAULT_BUDGET_S  # measuring time after which an undecided gate is inconclusive
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS  # perf_analyzer runs per round before the round counts as lost
+    confidence: float = gate_stats.CONFIDENCE
+    perf_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"concurrency must be at least 1, not {self.concurrency}" if self.concurrency < 1 else "",
+            f"window_ms must be at least 100, not {self.window_ms}" if self.window_ms < 100 else "",
+            f"design must be one of {', '.join(DESIGNS)}, not {self.design!r}" if self.design not in DESIGNS else "",
+            f"min_rounds must be at least {gate_stats.MIN_ROUNDS}, not {self.min_rounds}" if self.min_rounds < gate_stats.MIN_ROUNDS else "",
+            f"budget_s must be positive, not {self.budget_s}" if self.budget_s <= 0 else "",
+            f"max_attempts must be at least 1, not {self.max_attempts}" if self.max_attempts < 1 else "",
+            f"confidence must be between 0.5 and 1, not {self.confidence}" if not 0.5 <= self.confidence < 1 else "",
+        ]  # fmt: skip
+        if any(problems):
+            raise ValueError("invalid gate settings: " + "; ".join(p for p in problems if p))
+
+    @classmethod
+    def from_flat(cls, **flat: Any) -> GateSettings:
+        """From GATE_PARAMETERS' flat form (CLI options, KFP parameters; values may come as text or floats
+        from KFP): missing names take their default, a limit or rate of 0 or None is off."""
+        unknown = sorted(set(flat) - set(GATE_PARAMETERS))
+        if unknown:
+            raise ValueError(f"invalid gate settings: no parameter named {', '.join(unknown)}")
+        values = {name: _typed(name, flat.get(name, p.default)) for name, p in GATE_PARAMETERS.items()}
+        off = lambda v: v if v else None  # noqa: E731
+        thresholds = Thresholds(*(off(values.pop(n)) for n in (
+            "max_p99_ms", "min_throughput", "max_p99_regression_pct", "max_throughput_regression_pct")))  # fmt: skip
+        return cls(thresholds=thresholds, request_rate=off(values.pop("request_rate")), **values)
+
+    def to_flat(self) -> dict[str, Any]:
+        """The inverse of from_flat (0 for what is off)."""
+        flat = {name: getattr(self, name, None) for name in GATE_PARAMETERS}
+        flat.update(asdict(self.thresholds))
+        return {name: (0.0 if value is None else value) for name, value in flat.items()}
+
+    @property
+    def load(self) -> perf.LoadSettings:
+        return perf.LoadSettings(
+            concurrency=self.concurrency, request_rate=self.request_rate, window_ms=self.window_ms,
+            stability_pct=RELAXED_STABILITY_PCT,
+        )  # fmt: skip
+
+
+def _typed(name: str, value: Any) -> Any:
+    kind = type(GATE_PARAMETERS[name].default)
+    if value is None:
+        return None
+    try:
+        return int(float(value)) if kind is int else kind(value)
+    except ValueError:
+        raise ValueError(f"invalid gate settings: {name} must be a {kind.__name__}, not {value!r}") from None
