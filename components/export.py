@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,10 +41,10 @@ from components import log
 from components.model_folder import load_checks, load_golden, save_checks, save_golden
 from components.model_source import ExportError, first_line, load_model
 from components.s3repo import S3Settings
+from components.settings import ExportMethod as Method
 from components.signature import Signature, SignatureError, check_tensor, dtype_name
 
 LOG = log.get("export")
-Method = Literal["auto", "export", "script", "trace"]
 EXPORTED_PROGRAM_FILE = "exported.pt2"
 TORCHSCRIPT_FILE = "model.ts"
 EXPORT_INFO_FILE = "export.json"

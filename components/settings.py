@@ -13,7 +13,8 @@ from components import gate_stats, perf
 
 Design = Literal["duet", "alternating"]
 DESIGNS: tuple[Design, ...] = ("duet", "alternating")
-# The compile step's choices (the CLI lists and checks them from these).
+# The export and compile steps' choices (the CLI lists and checks them from these).
+ExportMethod = Literal["auto", "export", "script", "trace"]  # auto: torch.export, then TorchScript
 Target = Literal["torchscript", "tensorrt"]
 Precision = Literal["fp32", "fp16", "bf16"]
 Flavour = Literal["libtorch", "python"]  # Triton's PyTorch backend, or model.pt through the Python backend

@@ -117,14 +117,12 @@ def export_cmd(
     checkpoint: Annotated[str | None, typer.Option(help="state_dict for the factory's model: a path or s3://")] = None,
     golden: Annotated[Path | None, typer.Option(help=".npz of golden inputs keyed by input name")] = None,
     samples: Annotated[int, typer.Option(help="golden samples to generate when --golden is not given")] = 16,
-    method: Annotated[
-        str, typer.Option(help="auto (torch.export, then TorchScript) | export | script | trace")
-    ] = "auto",
+    method: Annotated[settings.ExportMethod, typer.Option(help="auto: torch.export, then TorchScript")] = "auto",
 ) -> None:
     """Load a model, check it against its signature, export it with golden samples."""
     from components.export import export
 
-    result = export(model, signature, out, checkpoint=checkpoint, golden=golden, samples=samples, method=method)  # type: ignore[arg-type]
+    result = export(model, signature, out, checkpoint=checkpoint, golden=golden, samples=samples, method=method)
     out_console_line(f"exported with {result.method} to {result.out_dir / result.artifact}")
     if result.fallback_reason:
         out_console_line(f"  (fell back: {result.fallback_reason})")

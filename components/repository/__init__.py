@@ -20,19 +20,14 @@ from components.repository.history import History
 from components.repository.leases import DEFAULT_LEASE_SECONDS, LeaseHeld, Leases, lease_owner
 from components.repository.maintenance import Maintenance
 from components.repository.manifests import Manifest, Manifests, content_digest
-from components.repository.store import (
-    CONFIG,
-    MANIFEST,
-    PRODUCTION,
-    STAGING,
+from components.repository.store import (  # fmt: skip
     TRANSFER,
     RepositoryError,
-    Store,
     VersionConflict,
     candidate_name,
     sha256_file,
     utc_now,
-)  # fmt: skip
+)
 from components.repository.versions import Versions
 
 
@@ -41,7 +36,7 @@ class ModelRepository(Maintenance, Manifests, Versions, DesiredState, Leases, Hi
 
 
 __all__ = [
-    "CONFIG", "DEFAULT_LEASE_SECONDS", "MANIFEST", "PRODUCTION", "STAGING", "TRANSFER", "DesiredState", "History",
-    "LeaseHeld", "Leases", "Maintenance", "Manifest", "Manifests", "ModelRepository", "RepositoryError", "Store",
-    "VersionConflict", "Versions", "candidate_name", "content_digest", "lease_owner", "sha256_file", "utc_now",
+    "DEFAULT_LEASE_SECONDS", "TRANSFER", "DesiredState", "History", "LeaseHeld", "Leases", "Maintenance", "Manifest",
+    "Manifests", "ModelRepository", "RepositoryError", "VersionConflict", "Versions", "candidate_name",
+    "content_digest", "lease_owner", "sha256_file", "utc_now",
 ]  # fmt: skip
