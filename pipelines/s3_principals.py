@@ -7,8 +7,9 @@ holding the policy a cluster would give it (manifests/iam/, the same JSON for IA
 
 moto (5.x) enforces actions and resources, not conditions (the `s3:prefix` of a ListBucket is not checked),
 and not the keys of a multi-object delete; what the tests rely on is checked by the tests. It also names
-HeadBucket's action `s3:HeadBucket`, which AWS authorises with `s3:ListBucket` (Triton's S3 client calls it on
-every load): `create` adds that one moto-only statement, the files in manifests/ stay as AWS reads them."""
+HeadBucket's action `s3:HeadBucket` (AWS authorises it with `s3:ListBucket`; Triton's S3 client calls it on
+every load), and checks a multi-object delete as `s3:DeleteObject` on the bucket before it checks each key.
+`create` adds those moto-only statements (MOTO_ONLY); the files in manifests/ stay as AWS reads them."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ from components.s3repo import S3Settings
 
 POLICIES = Path(__file__).resolve().parents[1] / "manifests" / "iam"
 PRINCIPALS = {"pipeline": "pipeline-readwrite.json", "gate": "gate-read.json", "production": "production-read.json"}
+MOTO_ONLY = {
+    "pipeline": ["s3:HeadBucket", "s3:DeleteObject"],
+    "gate": ["s3:HeadBucket"],
+    "production": ["s3:HeadBucket"],
+}
 
 
 def policy_document(principal: str, bucket: str, prefix: str = "") -> str:
@@ -43,7 +49,7 @@ def create(setup: S3Settings, bucket: str) -> dict[str, S3Settings]:
         iam.create_user(UserName=user)
         document = json.loads(policy_document(principal, bucket))
         document["Statement"].append(
-            {"Effect": "Allow", "Action": ["s3:HeadBucket"], "Resource": f"arn:aws:s3:::{bucket}"}
+            {"Effect": "Allow", "Action": MOTO_ONLY[principal], "Resource": f"arn:aws:s3:::{bucket}"}
         )
         iam.put_user_policy(UserName=user, PolicyName=user, PolicyDocument=json.dumps(document))
         key = iam.create_access_key(UserName=user)["AccessKey"]

@@ -156,12 +156,18 @@ class Store:
     def _delete_prefix(self, prefix: str) -> int:
         keys = [{"Key": e["Key"]} for e in self._list(prefix) if "Key" in e]
         for start in range(0, len(keys), 1000):
-            self._call(
+            response = self._call(
                 "delete objects",
                 self.s3.delete_objects,
                 Bucket=self.bucket,
                 Delete={"Objects": keys[start : start + 1000]},
             )
+            if response.get("Errors"):  # DeleteObjects answers 200 and lists the keys it refused
+                first = response["Errors"][0]
+                raise RepositoryError(
+                    f"S3 refused to delete {len(response['Errors'])} object(s) under s3://{self.bucket}/{prefix} "
+                    f"({first.get('Code')} on {first.get('Key')}); check that these credentials may delete there."
+                )
         return len(keys)
 
     def _exists(self, key: str) -> bool:
