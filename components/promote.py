@@ -232,12 +232,12 @@ def _revert(
     left as they are. `result.reverted` is true only when S3 and every replica, asked afterwards, are back."""
     candidate = release.candidate
     model = candidate.model
+    stable_versions = previous.version_policy.specific.versions if previous else []
     try:
         _write_or_delete(repo, model, previous, new_etag)
         for name, (member_previous, _etag) in member_state.items():
             _write_or_delete(repo, name, member_previous, member_etags[name])
     except S3Error as exc:
-        stable_versions = previous.version_policy.specific.versions if previous else []
         result.after_revert = [_state(admin, model, candidate.version, stable_versions) for admin in admins]
         result.problems.append(
             f"S3 could not be written to revert the desired state, which still names v{candidate.version} ({exc}); "
@@ -261,7 +261,6 @@ def _revert(
                 admin.load(member.name, member)
         except TritonshipError as exc:
             result.problems.append(f"revert of {admin.url}: {exc}")
-    stable_versions = previous.version_policy.specific.versions if previous else []
     result.after_revert = [_state(admin, model, candidate.version, stable_versions) for admin in admins]
     result.reverted = all(state.reverted for state in result.after_revert)
     log.event(LOG, "reverted" if result.reverted else "partly reverted", model=model, version=candidate.version,
