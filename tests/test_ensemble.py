@@ -73,6 +73,7 @@ def first_release(stack, bundles) -> int:
     return version
 
 
+@pytest.mark.slow
 def test_ensemble_release_is_promoted_as_one_with_zero_failed_requests(stack, bundles, first_release):
     repo = ModelRepository(repository(stack), stack.s3)
     v1 = first_release

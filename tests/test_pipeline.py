@@ -90,6 +90,7 @@ def _metrics(run) -> dict:
     return run.artifact("gate-op", "metrics")["metadata"]
 
 
+@pytest.mark.slow
 def test_pipeline_runs_locally_for_a_passing_and_a_failing_candidate(tmp_path, stack):
     name = unique("pipe")
     base = demo_parameters(stack, "pipelines.sample_models:sample_v1", SAMPLE_SIGNATURE, name) | {"tune_budget": 3}
@@ -126,6 +127,7 @@ def test_pipeline_runs_locally_for_a_passing_and_a_failing_candidate(tmp_path, s
     assert not TritonAdmin(stack.gate.http_url).is_ready(f"{name}__candidate")  # the exit handler ran
 
 
+@pytest.mark.slow
 def test_example_training_pipeline_releases_what_it_trained(tmp_path, stack, monkeypatch):
     from kfp import local
 

@@ -43,6 +43,7 @@ def _served(stack, name: str) -> list[int]:
     return [TritonAdmin(s.http_url).served_version(name, X, ["y"]) for s in stack.replicas]
 
 
+@pytest.mark.slow
 def test_equal_candidate_passes_is_promoted_with_zero_failed_requests_and_survives_a_restart(tmp_path, stack):
     name = unique()
     assert release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE) == 1
@@ -72,6 +73,7 @@ def test_equal_candidate_passes_is_promoted_with_zero_failed_requests_and_surviv
     assert events == ["published", "staged", "gate", "promoted"] * 2
 
 
+@pytest.mark.slow
 def test_slow_candidate_fails_the_gate_is_rejected_and_stable_keeps_serving(tmp_path, stack):
     name = unique()
     release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
@@ -138,6 +140,7 @@ def test_a_second_release_of_the_same_model_waits_for_the_first(tmp_path, stack)
     reject(repository(stack), name, second, "fail", ["test"], stack.gate.http_url, s3=stack.s3, run_id="run-second")
 
 
+@pytest.mark.slow
 def test_replica_killed_during_promotion_is_reported_as_not_reverted_and_reconcile_converges(tmp_path, stack):
     from components.reconcile import reconcile
 

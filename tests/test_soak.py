@@ -71,6 +71,7 @@ def _stubs(stack: EmbeddedStack) -> dict[str, int]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1200)  # 15 releases, each gated for at least 5 rounds: about 8 minutes here
 def test_fifteen_releases_with_clients_running(tmp_path, stack):
     """A first release gives the client a stable version to call; then 15 releases under load."""

@@ -126,6 +126,7 @@ def test_tune_result_round_trips_through_json():
     assert again.chosen == result.chosen and again.trials == result.trials and again.gain_pct == result.gain_pct
 
 
+@pytest.mark.slow
 def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stack):
     """For real: every setting is loaded on the gate as a config override and measured with perf_analyzer;
     S3 is not written until promotion, which puts the chosen settings into production's config.pbtxt."""
@@ -174,6 +175,7 @@ def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stac
         assert TritonAdmin(server.http_url).served_version(name, {"x": np.ones((1, 16), np.float32)}, ["y"]) == 1
 
 
+@pytest.mark.slow
 def test_the_gate_report_and_history_carry_the_tuning_table(tmp_path, stack):
     name = unique("tunegate")
     (tmp_path / "v1").mkdir()
