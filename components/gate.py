@@ -24,6 +24,7 @@ Fail closed: only `pass` promotes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import time
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from components import ensemble, gate_stats, log, model_config, perf
+from components import ensemble, gate_stats, log, model_config, perf, server_metrics
 from components.errors import TritonshipError
 from components.repository import ModelRepository, candidate_name
 from components.results import GateResult, StageResult, TuneResult
@@ -144,10 +145,12 @@ def gate(
     s3: S3Settings | None = None,
     run_id: str = "",
     tuning: TuneResult | None = None,
+    metrics_url: str = "",
 ) -> GateResult:
     """The gate step. Never raises for a measurement problem: it becomes the verdict.
 
-    With `tuning`, the candidate is measured as the tune step left it loaded: with the chosen settings."""
+    With `tuning`, the candidate is measured as the tune step left it loaded: with the chosen settings.
+    With the gate server's `metrics_url`, its GPU and CPU utilisation while measuring go into the verdict."""
     settings = settings or GateSettings()
     repo = ModelRepository(repository, s3)
     desired, _ = repo.desired_config(model)
@@ -155,7 +158,7 @@ def gate(
     result = GateResult(model, version, stable_version, "inconclusive", [], settings=_settings_dict(settings))
     result.tuning = json.loads(tuning.to_json()) if tuning is not None else None
     try:
-        _measure(repo, result, settings, stage_result, desired, gate_url)
+        _measure(repo, result, settings, stage_result, desired, gate_url, metrics_url)
     except TritonshipError as exc:
         _failed(result, str(exc))
     if out_dir is not None:
@@ -182,6 +185,7 @@ def _measure(
     stage_result: StageResult | None,
     desired: model_config.ModelConfig | None,
     gate_url: str,
+    metrics_url: str,
 ) -> None:
     if stage_result is not None and stage_result.load_error:
         _failed(result, f"the gate server could not load the candidate: {stage_result.load_error}")
@@ -236,7 +240,10 @@ def _measure(
                 data = perf.write_input_data(
                     candidate.golden_inputs, Path(tmp) / "input.json", batched=candidate.config.max_batch_size > 0
                 )
-                measure_sequentially(result, settings, _round_measure(admin.url, targets, data, settings), with_stable)
+                with server_metrics.Sampler(metrics_url) if metrics_url else contextlib.nullcontext() as sampler:
+                    measure = _round_measure(admin.url, targets, data, settings)
+                    measure_sequentially(result, settings, measure, with_stable)
+                result.server = sampler.summary() if sampler else {}
         finally:
             if with_stable:
                 admin.unload_with_members(result.model)

@@ -4,7 +4,8 @@
     --replicas k8s://triton/app.kubernetes.io/component=production     (namespace/label-selector)
 
 Only pods that are Running, Ready and not being deleted count; the HTTP port is the container port
-named `http` (else 8000).
+named `http` (else 8000), the metrics port the one named `metrics` (else 8002). Given as host:port, a
+server's metrics endpoint is unknown unless given apart.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from components.errors import TritonshipError
 LOG = log.get("replicas")
 K8S_SCHEME = "k8s://"
 DEFAULT_HTTP_PORT = 8000
+DEFAULT_METRICS_PORT = 8002
 
 
 class ReplicaError(TritonshipError):
@@ -29,6 +31,7 @@ class ReplicaError(TritonshipError):
 class Replica:
     name: str
     url: str  # host:port of Triton's HTTP endpoint
+    metrics_url: str = ""  # host:port of its metrics endpoint, where known
 
 
 def parse_urls(spec: str) -> list[Replica]:
@@ -89,7 +92,8 @@ def discover_pods(namespace: str, selector: str, api: Any = None) -> list[Replic
                 LOG, "pod skipped (not ready)", pod=pod.metadata.name, phase=pod.status.phase if pod.status else None
             )
             continue
-        replicas.append(Replica(pod.metadata.name, f"{pod.status.pod_ip}:{http_port(pod)}"))
+        ip = pod.status.pod_ip
+        replicas.append(Replica(pod.metadata.name, f"{ip}:{http_port(pod)}", f"{ip}:{named_port(pod, 'metrics')}"))
     return replicas
 
 
@@ -101,8 +105,12 @@ def is_ready(pod: Any) -> bool:
 
 
 def http_port(pod: Any) -> int:
+    return named_port(pod, "http")
+
+
+def named_port(pod: Any, name: str) -> int:
     for container in pod.spec.containers:
         for port in container.ports or []:
-            if port.name == "http":
+            if port.name == name:
                 return int(port.container_port)
-    return DEFAULT_HTTP_PORT
+    return DEFAULT_METRICS_PORT if name == "metrics" else DEFAULT_HTTP_PORT

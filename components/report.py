@@ -7,6 +7,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from components import server_metrics
 from components.results import GateResult
 
 PLOT_FILE = "limits.png"
@@ -30,7 +31,7 @@ def rows(result: GateResult) -> list[tuple[str, str, str, str, str, str]]:
 SUMMARY_HEADER = ("model", "rounds", "requests", "infer/s", "p50 ms", "p99 ms")
 
 
-TUNING_HEADER = ("instances", "max batch", "queue delay µs", "preferred", "infer/s", "p99 ms", "")
+TUNING_HEADER = ("instances", "max batch", "queue delay µs", "preferred", "infer/s", "p99 ms", "GPU %", "CPU %", "")
 
 
 def tuning_rows(tuning: dict[str, Any] | None) -> list[tuple[str, ...]]:
@@ -48,7 +49,9 @@ def tuning_rows(tuning: dict[str, Any] | None) -> list[tuple[str, ...]]:
             str(settings["instance_count"]), str(settings["max_batch_size"] or "-"),
             str(settings["max_queue_delay_us"]) if settings["dynamic_batching"] else "off",
             ",".join(map(str, settings["preferred_batch_sizes"])) or "-",
-            _fmt(trial["throughput"], ",.0f"), _fmt(trial["p99_ms"], ".3f"), note,
+            _fmt(trial["throughput"], ",.0f"), _fmt(trial["p99_ms"], ".3f"),
+            _fmt(trial.get("server", {}).get("gpu_util_pct_mean"), ".0f"),
+            _fmt(trial.get("server", {}).get("cpu_util_pct_mean"), ".0f"), note,
         ))  # fmt: skip
     return out
 
@@ -63,7 +66,7 @@ def tuning_markdown(t: dict[str, Any] | None) -> list[str]:
         f"the default within p99 {_fmt(t['p99_limit_ms'], '.3f')} ms",
         "",
         f"| {' | '.join(TUNING_HEADER)} |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
         *[f"| {' | '.join(row)} |" for row in tuning_rows(t)],
     ]
 
@@ -89,6 +92,8 @@ def markdown(result: GateResult) -> str:
         f"# Gate: {result.model} v{result.version} — **{result.verdict.upper()}**",
         "",
         f"Stable: {stable}. {how_measured(result)}",
+        "",
+        f"Gate server while measuring: {server_metrics.describe(result.server)}.",
         "",
         *[f"- {reason}" for reason in result.reasons],
     ]
@@ -154,8 +159,8 @@ def html_page(result: GateResult, png: Path | None) -> str:
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in tuning_rows(result.tuning)
     )
     if tuning:
-        header = "".join(f"<th>{html.escape(h)}</th>" for h in TUNING_HEADER)
-        tuning = f"<h2>Serving settings measured</h2><table><tr>{header}</tr>{tuning}</table>"
+        tuning_header = "".join(f"<th>{html.escape(h)}</th>" for h in TUNING_HEADER)
+        tuning = f"<h2>Serving settings measured</h2><table><tr>{tuning_header}</tr>{tuning}</table>"
     colour = {"pass": "#1a7f37", "fail": "#cf222e"}.get(result.verdict, "#9a6700")
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>gate report</title>"
@@ -163,7 +168,9 @@ def html_page(result: GateResult, png: Path | None) -> str:
         "</style></head><body>"
         f"<h1>{html.escape(result.model)} v{result.version}: "
         f"<span style='color:{colour}'>{result.verdict.upper()}</span></h1>"
-        f"<p>{html.escape(how_measured(result))}</p><ul>{reasons}</ul>{image}<ul>{effects}</ul>"
+        f"<p>{html.escape(how_measured(result))}</p>"
+        f"<p>Gate server while measuring: {html.escape(server_metrics.describe(result.server))}.</p>"
+        f"<ul>{reasons}</ul>{image}<ul>{effects}</ul>"
         f"<table><tr>{header}</tr>{table}</table>{tuning}</body></html>"
     )
 

@@ -111,6 +111,7 @@ class Trial:
     throughput: float | None = None
     p99_ms: float | None = None
     problem: str = ""  # why it could not be measured (load refused, perf_analyzer failed)
+    server: dict[str, Any] = field(default_factory=dict)  # the gate server's GPU/CPU figures (server_metrics)
 
     @property
     def measured(self) -> bool:
@@ -181,6 +182,7 @@ class Verdict(Result):
     stable_load_seconds: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
     tuning: dict[str, Any] | None = None  # the tune step's result (TuneResult's JSON)
+    server: dict[str, Any] = field(default_factory=dict)  # the gate server's GPU/CPU figures while measuring
     candidate_summary: dict[str, Any] = field(default_factory=dict)
     stable_summary: dict[str, Any] = field(default_factory=dict)
     candidate_rounds: list[dict[str, Any]] = field(default_factory=list)
@@ -208,6 +210,7 @@ class GateResult:
     stable_load_seconds: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
     tuning: dict[str, Any] | None = None
+    server: dict[str, Any] = field(default_factory=dict)
 
     def effect(self, name: str) -> Effect | None:
         return next((e for e in self.effects if e.name == name), None)

@@ -16,6 +16,7 @@ over all knobs that moved nothing, or when `budget` settings have been measured.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import tempfile
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from components import log, model_config, perf
+from components import log, model_config, perf, server_metrics
 from components.errors import TritonshipError
 from components.model_config import ServingSettings
 from components.repository import ModelRepository, candidate_name
@@ -117,8 +118,11 @@ def grid(default: ServingSettings, settings: TuneSettings) -> list[ServingSettin
 class GateBench:
     """Loads the candidate with given settings on the gate server and measures it."""
 
-    def __init__(self, gate_url: str, candidate: CandidateVersion, load: perf.LoadSettings, timeout: float) -> None:
+    def __init__(
+        self, gate_url: str, candidate: CandidateVersion, load: perf.LoadSettings, timeout: float, metrics_url: str = ""
+    ) -> None:
         self.admin = TritonAdmin(gate_url)
+        self.metrics_url = metrics_url
         self.candidate = candidate
         self.load = load
         self.timeout = timeout
@@ -147,9 +151,16 @@ class GateBench:
         first = {k: v[:1] for k, v in self.candidate.golden_inputs.items()}
         for _ in range(WARM_UP_REQUESTS):
             self.admin.infer(self.name, first, self.candidate.output_names, self.candidate.version)
-        run = perf.measure(
-            self.admin.url, self.name, self.data, self.load, version=str(self.candidate.version), timeout=self.timeout
-        )
+        with server_metrics.Sampler(self.metrics_url) if self.metrics_url else contextlib.nullcontext() as sampler:
+            run = perf.measure(
+                self.admin.url,
+                self.name,
+                self.data,
+                self.load,
+                version=str(self.candidate.version),
+                timeout=self.timeout,
+            )
+        trial.server = sampler.summary() if sampler else {}
         if not run.ok:
             trial.problem = f"perf_analyzer: {run.reason}"
             return trial
@@ -222,9 +233,11 @@ def tune(
     s3: S3Settings | None = None,
     run_id: str = "",
     enabled: bool = True,
+    metrics_url: str = "",
 ) -> TuneResult:
     """The tune step: search, leave the candidate loaded with the chosen settings, record the table.
-    Turned off (or for an ensemble, whose members keep their own configs) it returns the default settings."""
+    Turned off (or for an ensemble, whose members keep their own configs) it returns the default settings.
+    With the gate server's `metrics_url`, each trial carries its GPU and CPU utilisation."""
     settings = settings or TuneSettings()
     repo = ModelRepository(repository, s3)
     candidate = read_candidate(repo, model, version)
@@ -234,7 +247,7 @@ def tune(
     if not enabled or candidate.members:  # an ensemble is promoted with its members' own configs
         result = TuneResult(model, version, default, default, None, size, enabled=False)
     else:
-        bench = GateBench(gate_url, candidate, settings.load, settings.perf_timeout_s)
+        bench = GateBench(gate_url, candidate, settings.load, settings.perf_timeout_s, metrics_url)
         try:
             bench.admin.ensure_live()
             if not bench.admin.is_ready(bench.name, version):

@@ -381,9 +381,21 @@ def lease_given_back_on_failure(
 
 
 def _one_server(spec: str) -> str:
+    return _gate_server(spec, None)[0]
+
+
+def _gate_server(spec: str, metrics: str | None) -> tuple[str, str]:
+    """The server's HTTP host:port and its metrics endpoint (given, or found with a k8s:// pod; else none)."""
     from components.replicas import resolve
 
-    return resolve(spec)[0].url
+    server = resolve(spec)[0]
+    return server.url, metrics or server.metrics_url
+
+
+GateMetricsOption = Annotated[
+    str | None,
+    typer.Option(envvar="TRITONSHIP_GATE_METRICS", help="the gate's metrics endpoint host:port (GPU/CPU figures)"),
+]
 
 
 @app.command("stage")
@@ -439,6 +451,7 @@ def tune_cmd(
     p99_slack_pct: Annotated[float, typer.Option(help="how much p99 may grow over the default's")] = 10.0,
     budget: Annotated[int, typer.Option(help="settings measured at most")] = 16,
     min_gain_pct: Annotated[float, typer.Option(help="smallest throughput gain that moves the search")] = 5.0,
+    gate_metrics: GateMetricsOption = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Search the candidate's serving settings on the gate server (config override; S3 untouched)."""
@@ -453,7 +466,10 @@ def tune_cmd(
         max_p99_ms=max_p99_ms, p99_slack_pct=p99_slack_pct, budget=budget, min_gain_pct=min_gain_pct,
     )  # fmt: skip
     with console.status(f"tuning {model} v{version} on the gate (at most {budget} settings)"):
-        result = tune(repository, model, version, _one_server(gate), tune_settings, s3=s3_settings(s3_endpoint))
+        url, metrics_url = _gate_server(gate, gate_metrics)
+        result = tune(
+            repository, model, version, url, tune_settings, s3=s3_settings(s3_endpoint), metrics_url=metrics_url
+        )
     out_file.write_text(result.to_json())
     table = Table(*report.TUNING_HEADER)
     for row in report.tuning_rows(json.loads(result.to_json())):
@@ -491,6 +507,7 @@ def gate_cmd(
         float, _gate_option("max_throughput_regression_pct")
     ] = settings.DEFAULT_MAX_REGRESSION_PCT,
     tuning: TuningOption = None,
+    gate_metrics: GateMetricsOption = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Measure candidate against stable with perf_analyzer and decide pass / fail / inconclusive. Exit 0 only on pass."""
@@ -503,9 +520,10 @@ def gate_cmd(
     tuned = read_result(tuning, "tuning result", TuneResult) if tuning else None
     with lease_given_back_on_failure(repository, model, version, s3_endpoint) as succeeded:
         with console.status(f"measuring {model} v{version} against stable (at most {budget_s:g} s)"):
+            url, metrics_url = _gate_server(gate, gate_metrics)
             result = gate_step.gate(
-                repository, model, version, _one_server(gate), gate_settings, staged, out, s3=s3_settings(s3_endpoint),
-                tuning=tuned,
+                repository, model, version, url, gate_settings, staged, out, s3=s3_settings(s3_endpoint),
+                tuning=tuned, metrics_url=metrics_url,
             )  # fmt: skip
         if (out / "report.md").exists():
             out_console_line((out / "report.md").read_text())

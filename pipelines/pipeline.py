@@ -150,9 +150,10 @@ def tune_op(
         max_p99_ms=gating.thresholds.max_p99_ms,
         budget=budget,
     )  # fmt: skip
+    server = resolve(gate)[0]  # a k8s:// gate also gives its metrics endpoint: GPU/CPU figures per trial
     result = tune(
-        repository, model_name, int(version), resolve(gate)[0].url, settings, s3=S3Settings.from_env(s3_endpoint),
-        run_id=run_id, enabled=enabled and staged.accuracy_passed,
+        repository, model_name, int(version), server.url, settings, s3=S3Settings.from_env(s3_endpoint),
+        run_id=run_id, enabled=enabled and staged.accuracy_passed, metrics_url=server.metrics_url,
     )  # fmt: skip
     text = result.to_json()
     Path(report.path).write_text("\n".join(tuning_markdown(json.loads(text))) if result.trials else "tuning was off\n")
@@ -195,10 +196,11 @@ def gate_op(
 
     settings = GateSettings.from_flat(**gate_settings)
     with tempfile.TemporaryDirectory() as tmp:
+        server = resolve(gate)[0]
         result = run_gate(
-            repository, model_name, int(version), resolve(gate)[0].url, settings,
+            repository, model_name, int(version), server.url, settings,
             StageResult.from_json(stage_result), Path(tmp), s3=S3Settings.from_env(s3_endpoint), run_id=run_id,
-            tuning=TuneResult.from_json(tuning_json),
+            tuning=TuneResult.from_json(tuning_json), metrics_url=server.metrics_url,
         )  # fmt: skip
         Path(report.path).write_text((Path(tmp) / "report.md").read_text())
         Path(report_html.path).write_text((Path(tmp) / "report.html").read_text())

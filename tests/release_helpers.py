@@ -62,7 +62,15 @@ def stage_and_gate(
     published = publish(folder, repository(stack), s3=stack.s3)
     staged = stage(repository(stack), published.model, published.version, stack.gate.http_url, s3=stack.s3)
     verdict = gate(
-        repository(stack), published.model, published.version, stack.gate.http_url, settings, staged, out, s3=stack.s3
+        repository(stack),
+        published.model,
+        published.version,
+        stack.gate.http_url,
+        settings,
+        staged,
+        out,
+        s3=stack.s3,
+        metrics_url=stack.gate.metrics_url,
     )
     return published.version, staged, verdict
 
