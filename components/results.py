@@ -171,9 +171,9 @@ class Verdict(Result):
 
     model: str
     version: int
-    stable_version: int | None
     verdict: VerdictName
     reasons: list[str]
+    stable_version: int | None = None  # none: a first release
     effects: list[dict[str, Any]] = field(default_factory=list)  # each limit's estimate and interval
     rounds: int = 0
     stopped: str = ""  # why the gate stopped measuring
