@@ -699,7 +699,7 @@ def run_cmd(
 
         with console.status("starting the embedded stack"), EmbeddedStack(replicas=2, gate=True) as embedded:
             parameters = demo_parameters(embedded, "pipelines.samples.bert4rec:bert4rec_v1") | overrides
-            run = run_local(parameters, pipeline_root.resolve(), env=embedded.s3.env())
+            run = run_local(parameters, pipeline_root.resolve(), env=embedded.env())
     verdict = run.verdict or {}
     outcome = "promoted" if run.promoted else "rejected" if run.rejected else "stopped"
     out_console_line(

@@ -114,16 +114,18 @@ def run_demo(console: Console, workdir: Path | None = None) -> int:
                       f"{', '.join(s.http_url for s in stack.replicas)}, gate {stack.gate.http_url}")  # fmt: skip
         for label, source, _expected in RELEASES:
             status.update(f"releasing {label} (export, compile, publish, stage, tune, gate, promote/reject)")
-            run = run_local(demo_parameters(stack, source), workdir / "pipeline-runs", env=stack.s3.env())
+            run = run_local(demo_parameters(stack, source), workdir / "pipeline-runs", env=stack.env())
             runs.append(run)
             rows.append(summary_row(label, run))
             table.add_row(*rows[-1])
-            console.print(f"  {label}: {run.verdict['verdict'] if run.verdict else '-'}  ({run.root})")
+            console.print(f"  {label}: {run.verdict['verdict'] if run.verdict else '-'}  ({run.root})", soft_wrap=True)
         request = {k: v[:1] for k, v in bert4rec_request().items()}
         served = [_served(s.http_url, request) for s in stack.replicas]
     print_table(console, table, rows)
     console.print(f"a client request to each production replica was answered by version(s) {served}")
-    console.print(f"gate reports: {', '.join(str(r.root / 'gate-op' / 'report_html') for r in runs)}")
+    console.print("gate reports:")
+    for run in runs:
+        console.print(f"  {run.root / 'gate-op' / 'report_html'}", soft_wrap=True, highlight=False)
     console.print(f"finished in {time.monotonic() - started:.0f} s")
     problems = story_differences(runs, served)
     for problem in problems:

@@ -15,15 +15,19 @@ from typing import Any
 
 from components.errors import TritonshipError
 
-# Expected by design: our components name their images (images/versions.yaml), which the SubprocessRunner does
-# not run; it warns once per task. Only this warning is silenced.
-EXPECTED_WARNING = r"You may be attemping to run a task that uses custom or non-Python base image"
+# Expected by design, once per task: our components name their images (images/versions.yaml), which the
+# SubprocessRunner does not run, and the compile task asks for a GPU, which it ignores. Only these are silenced.
+EXPECTED_WARNINGS = (
+    (r"You may be attemping to run a task that uses custom or non-Python base image", RuntimeWarning),
+    (r"Task 'compile-op': settings \['accelerator'\] have no effect in the current local runner", UserWarning),
+)
 
 
 @contextlib.contextmanager
 def expected_warnings_silenced() -> Iterator[None]:
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=EXPECTED_WARNING, category=RuntimeWarning)
+        for message, category in EXPECTED_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=category)
         yield
 
 

@@ -201,9 +201,14 @@ def test_only_the_local_runners_expected_image_warning_is_silenced():
         'You may be attemping to run a task that uses custom or non-Python base image "gate:1" in a Python '
         "environment. This may result in incorrect dependencies and/or incorrect behavior."
     )
+    accelerator = (
+        "Task 'compile-op': settings ['accelerator'] have no effect in the current local runner and will be ignored."
+    )
+    other = "Task 'gate-op': settings ['cpu_limit'] have no effect in the current local runner and will be ignored."
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         with expected_warnings_silenced():
-            for message in (expected, "a task failed to report its metrics"):
-                warnings.warn(message, RuntimeWarning, stacklevel=1)
-    assert [str(w.message) for w in seen] == ["a task failed to report its metrics"]
+            for message, category in ((expected, RuntimeWarning), (accelerator, UserWarning),
+                                      ("a task failed to report its metrics", RuntimeWarning), (other, UserWarning)):  # fmt: skip
+                warnings.warn(message, category, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["a task failed to report its metrics", other]
