@@ -75,19 +75,19 @@ def kubeconfig(tmp_path, monkeypatch):
     server.shutdown()
 
 
-def test_only_ready_running_pods_count_and_their_http_port_is_used(kubeconfig):
+def test_only_ready_running_pods_count_and_their_http_and_metrics_ports_are_used(kubeconfig):
     replicas = resolve("k8s://triton/app.kubernetes.io/component=production")
     assert replicas == [
-        Replica("triton-prod-7d9f-abcde", "10.1.0.11:8000"),
-        Replica("triton-prod-7d9f-fghij", "10.1.0.12:9000"),  # port named http
-        Replica("triton-prod-7d9f-zzzzz", "10.1.0.16:8000"),  # no port named http: Triton's default
+        Replica("triton-prod-7d9f-abcde", "10.1.0.11:8000", "10.1.0.11:8002"),
+        Replica("triton-prod-7d9f-fghij", "10.1.0.12:9000", "10.1.0.12:8002"),  # port named http
+        Replica("triton-prod-7d9f-zzzzz", "10.1.0.16:8000", "10.1.0.16:8002"),  # no port named http: Triton's default
     ]  # not Ready, Pending and terminating pods are left out
     assert "labelSelector=app.kubernetes.io%2Fcomponent%3Dproduction" in StandInApi.requests[0]
 
 
 def test_gate_is_found_the_same_way(kubeconfig):
     assert resolve("k8s://triton/app.kubernetes.io/component=gate") == [
-        Replica("triton-gate-5c6b-abcde", "10.1.0.21:8000")
+        Replica("triton-gate-5c6b-abcde", "10.1.0.21:8000", "10.1.0.21:8002")  # metrics: the gate's GPU figures
     ]
 
 

@@ -63,6 +63,18 @@ def _processes_under(pid: int) -> list[tuple[int, str]]:
     return found
 
 
+def _settled_stubs(stack: EmbeddedStack, seconds: float = 60) -> dict[str, int]:
+    """Stub counts once none is still exiting: an unload (the previous test's cleanup) returns before its stub
+    process has gone, so a count taken at once may include it."""
+    deadline, last, steady_since = time.monotonic() + seconds, _stubs(stack), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - steady_since < 3:
+        time.sleep(0.5)
+        now = _stubs(stack)
+        if now != last:
+            last, steady_since = now, time.monotonic()
+    return last
+
+
 def _stubs(stack: EmbeddedStack) -> dict[str, int]:
     """Python backend stub processes per tritonserver: one per loaded Python-backend model instance."""
     return {
@@ -78,7 +90,7 @@ def test_fifteen_releases_with_clients_running(tmp_path, stack):
     name = unique("soak")
     repository = f"s3://{stack.bucket}"
     repo = ModelRepository(repository, stack.s3)
-    stubs_before = _stubs(stack)
+    stubs_before = _settled_stubs(stack)
     expected_history: list[tuple[str, int]] = []
     last_promoted = None
 
