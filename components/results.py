@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import types
 import typing
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -86,8 +86,6 @@ def _build(kind: Any, value: Any, where: str) -> Any:
 
 
 def _required(f: Any) -> bool:
-    from dataclasses import MISSING
-
     return f.default is MISSING and f.default_factory is MISSING
 
 

@@ -621,14 +621,15 @@ def lease_show(model: ModelOption, repository: RepositoryOption, s3_endpoint: En
     import time
     from datetime import UTC, datetime
 
+    from components.repository import parse_utc
+
     held = _repository(repository, s3_endpoint).lease(model)
     if held is None:
         out_console_line(f"nobody holds the release lease of {model}")
         return
     left = held["expires"] - time.time()
     expires = datetime.fromtimestamp(held["expires"], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    acquired = datetime.strptime(held["acquired"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-    age = (datetime.now(UTC) - acquired).total_seconds()
+    age = (datetime.now(UTC) - parse_utc(held["acquired"])).total_seconds()
     state = (
         f"expires {expires} (in {left:.0f} s)" if left > 0 else f"expired {expires} (the next release takes it over)"
     )

@@ -25,6 +25,7 @@ from components.repository.store import (  # fmt: skip
     RepositoryError,
     VersionConflict,
     candidate_name,
+    parse_utc,
     sha256_file,
     utc_now,
 )
@@ -38,5 +39,5 @@ class ModelRepository(Maintenance, Manifests, Versions, DesiredState, Leases, Hi
 __all__ = [
     "DEFAULT_LEASE_SECONDS", "TRANSFER", "DesiredState", "History", "LeaseHeld", "Leases", "Maintenance", "Manifest",
     "Manifests", "ModelRepository", "RepositoryError", "VersionConflict", "Versions", "candidate_name",
-    "content_digest", "lease_owner", "sha256_file", "utc_now",
+    "content_digest", "lease_owner", "parse_utc", "sha256_file", "utc_now",
 ]  # fmt: skip

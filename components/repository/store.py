@@ -45,8 +45,15 @@ def candidate_name(model: str) -> str:
     return f"{model}{CANDIDATE_SUFFIX}"
 
 
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # history events' and leases' times
+
+
 def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime(TIME_FORMAT)
+
+
+def parse_utc(text: str) -> datetime:
+    return datetime.strptime(text, TIME_FORMAT).replace(tzinfo=UTC)
 
 
 class Store:
