@@ -23,7 +23,7 @@ DEFAULT_CONCURRENCY = 1
 DEFAULT_WINDOW_MS = 1000
 DEFAULT_DESIGN: Design = "duet"
 DEFAULT_MIN_ROUNDS = gate_stats.MIN_ROUNDS
-DEFAULT_BUDGET_S = 90.0
+DEFAULT_BUDGET_S = 120.0
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_MAX_REGRESSION_PCT = 10.0
 # perf_analyzer's stability check, relaxed: any three windows count as stable, so a run always reports.

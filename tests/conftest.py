@@ -17,12 +17,17 @@ def stack() -> Iterator[EmbeddedStack]:
 
 @pytest.fixture(autouse=True)
 def nothing_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After every test that used a stack, whatever its outcome: no candidate on the gate, no lease in S3."""
-    yield
-    if "stack" in request.fixturenames:
-        from tests.release_helpers import finish_every_release
+    """After every test that used a stack, whatever its outcome: every model it loaded is unloaded again
+    (gate and production), no lease is left in S3."""
+    if "stack" not in request.fixturenames:
+        yield
+        return
+    from tests.release_helpers import finish_every_release, loaded_models
 
-        finish_every_release(request.getfixturevalue("stack"))
+    running = request.getfixturevalue("stack")
+    before = loaded_models(running)
+    yield
+    finish_every_release(running, before)
 
 
 @pytest.fixture

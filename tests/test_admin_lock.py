@@ -17,7 +17,7 @@ from components import admin_key
 from components.repository import ModelRepository
 from components.triton_admin import TritonAdmin, TritonError
 from tests.models import numpy_mlp_folder
-from tests.release_helpers import FIRST_RELEASE_GATE, release, repository, stage_and_gate, unique
+from tests.release_helpers import ABSOLUTE_GATE, install_stable, repository, stage_and_gate, unique
 
 X = {"x": np.ones((1, 16), np.float32)}
 
@@ -29,7 +29,7 @@ def _folder(tmp_path: Path, name: str, sub: str, **kwargs) -> Path:
 
 def test_without_the_key_admin_calls_are_refused_and_the_stable_model_serves_on(tmp_path, stack):
     name = unique("lock")
-    release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    install_stable(stack, _folder(tmp_path, name, "v1"))
     config, _ = ModelRepository(repository(stack), stack.s3).desired_config(name)
     for server, key in itertools.product((stack.replicas[0], stack.gate), ("", "not-the-key")):
         with TritonAdmin(server.http_url, key=key) as outsider:
@@ -54,9 +54,7 @@ def test_without_the_key_admin_calls_are_refused_and_the_stable_model_serves_on(
 
 def test_the_admin_key_appears_in_no_report_log_or_error(tmp_path, stack):
     name = unique("lock")
-    _version, _staged, verdict = stage_and_gate(
-        stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE, tmp_path / "gate"
-    )
+    _version, _staged, verdict = stage_and_gate(stack, _folder(tmp_path, name, "v1"), ABSOLUTE_GATE, tmp_path / "gate")
     assert verdict.verdict == "pass", verdict.reasons
     with TritonAdmin(stack.gate.http_url, key="wrong") as outsider, pytest.raises(TritonError) as refused:
         outsider.repository_index()

@@ -3,6 +3,7 @@ gated through the ensemble and promoted as one; a broken id map caught by the ac
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -16,13 +17,19 @@ from components.promote import promote, reject
 from components.publish import publish
 from components.reconcile import reconcile
 from components.repository import ModelRepository, candidate_name
+from components.settings import Thresholds
 from components.stage import stage
 from components.triton_admin import TritonAdmin
 from pipelines.samples import bert4rec, recsys
-from tests.release_helpers import FIRST_RELEASE_GATE, TEST_GATE, SteadyClient, replicas, repository, unique
+from tests.release_helpers import ABSOLUTE_GATE, TEST_GATE, SteadyClient, replicas, repository, unique
 
 NAME = "recsys"
 MEMBERS = ["recsys_pre", "recsys_model", "recsys_post"]
+# Measured against the stable ensemble (loaded with its members on the gate) on wide limits: these tests are
+# about releasing an ensemble as one; the gate's statistics are measured by benchmarks/gate_quality.py.
+THROUGH_THE_STABLE = dataclasses.replace(
+    TEST_GATE, thresholds=Thresholds(max_p99_regression_pct=50, max_throughput_regression_pct=50)
+)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +74,7 @@ def test_bundle_is_checked_before_anything_is_written(tmp_path, bundles):
 @pytest.fixture(scope="module")
 def first_release(stack, bundles) -> int:
     """The stable ensemble the tests release over: v1, gated on an absolute limit (no stable yet)."""
-    version, staged, verdict = _release(stack, bundles["v1"], FIRST_RELEASE_GATE, "ens-1")
+    version, staged, verdict = _release(stack, bundles["v1"], ABSOLUTE_GATE, "ens-1")
     assert staged.accuracy_passed and verdict.verdict == "pass", verdict.reasons
     promote(repository(stack), NAME, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id="ens-1")
     return version
@@ -84,7 +91,7 @@ def test_ensemble_release_is_promoted_as_one_with_zero_failed_requests(stack, bu
     urls = [s.http_url for s in stack.replicas]
     expected = {v1: {"recommended": answer_v1}, v1 + 1: {"recommended": answer_v2}}
     with SteadyClient(urls, NAME, {"history": history}, ["recommended"], expected=expected) as client:
-        v2, staged, verdict = _release(stack, bundles["v2"], TEST_GATE, "ens-2")
+        v2, staged, verdict = _release(stack, bundles["v2"], THROUGH_THE_STABLE, "ens-2")
         assert v2 == v1 + 1 and staged.accuracy_passed and verdict.verdict == "pass", verdict.reasons
         assert verdict.stable_version == v1 and verdict.stable.throughput  # measured through the stable ensemble
         promote(repository(stack), NAME, v2, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id="ens-2")

@@ -26,20 +26,13 @@ from components.publish import publish
 from components.reconcile import reconcile
 from components.repository import ModelRepository, candidate_name
 from components.s3repo import S3Error, S3Settings
-from components.settings import Thresholds
 from components.stage import stage
 from components.triton_admin import TritonAdmin
 from pipelines.stack import EmbeddedStack
 from tests.models import numpy_mlp_folder
-from tests.release_helpers import FIRST_RELEASE_GATE, SteadyClient, release, replicas, unique
+from tests.release_helpers import ABSOLUTE_GATE, SteadyClient, install_stable, replicas, unique
 
 X = {"x": np.ones((1, 16), np.float32)}
-# These tests are about what a fault leaves behind, not about the gate's statistics: one round against an
-# absolute limit (the stable is not measured) keeps each gate to a few seconds.
-FAULT_GATE = dataclasses.replace(
-    FIRST_RELEASE_GATE,
-    thresholds=Thresholds(max_p99_ms=1000, max_p99_regression_pct=None, max_throughput_regression_pct=None),
-)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +89,7 @@ def _published_and_gated(stack: EmbeddedStack, folder: Path, run_id: str) -> int
     version = publish(folder, repository, run_id, s3=stack.s3).version
     staged = stage(repository, folder.name, version, stack.gate.http_url, s3=stack.s3, run_id=run_id)
     verdict = gate(
-        repository, folder.name, version, stack.gate.http_url, FAULT_GATE, staged, s3=stack.s3, run_id=run_id
+        repository, folder.name, version, stack.gate.http_url, ABSOLUTE_GATE, staged, s3=stack.s3, run_id=run_id
     )
     assert verdict.verdict == "pass", verdict.reasons
     return version
@@ -153,7 +146,7 @@ def test_s3_lost_at_the_publish_history_write_is_recorded_by_the_rerun(tmp_path,
 
 def test_s3_lost_half_way_through_a_promotion_fails_no_request_and_reconcile_converges(tmp_path, stack, impatient_s3):
     name = unique()
-    release(stack, _mlp(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    install_stable(stack, _mlp(tmp_path, name, "v1"))
     version = _published_and_gated(stack, _mlp(tmp_path, name, "v2", seed=4), "run-s3-promote")
 
     def s3_goes_away(what: str, replica) -> None:
@@ -185,7 +178,7 @@ def test_s3_lost_half_way_through_a_promotion_fails_no_request_and_reconcile_con
 
 def test_s3_lost_at_the_promotion_history_write_is_recorded_by_the_rerun(tmp_path, stack, impatient_s3, monkeypatch):
     name = unique()
-    release(stack, _mlp(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    install_stable(stack, _mlp(tmp_path, name, "v1"))
     version = _published_and_gated(stack, _mlp(tmp_path, name, "v2", seed=4), "run-s3-history")
     cut_s3_before_put(monkeypatch, stack, lambda key: key.endswith("-promoted.json"))
     with pytest.raises(PromotionError, match="is promoted .* re-run this promote step"):
@@ -206,7 +199,7 @@ def test_s3_lost_at_the_promotion_history_write_is_recorded_by_the_rerun(tmp_pat
 # ------------------------------------------------------------------------------------- killed servers
 def test_production_triton_killed_and_restarted_during_promotion(tmp_path, stack):
     name = unique()
-    release(stack, _mlp(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    install_stable(stack, _mlp(tmp_path, name, "v1"))
     version = _published_and_gated(stack, _mlp(tmp_path, name, "v2", seed=6), "run-restart")
 
     def restart_second_replica(what: str, replica) -> None:
@@ -248,12 +241,12 @@ def _kill_when_perf_analyzer_measures(
 
 def _gate_again(stack: EmbeddedStack, name: str, version: int, run_id: str):
     repository = f"s3://{stack.bucket}"
-    return gate(repository, name, version, stack.gate.http_url, FAULT_GATE, s3=stack.s3, run_id=run_id)
+    return gate(repository, name, version, stack.gate.http_url, ABSOLUTE_GATE, s3=stack.s3, run_id=run_id)
 
 
 def test_gate_server_killed_during_the_gate_fails_closed_and_the_rerun_completes(tmp_path, stack):
     name = unique()
-    release(stack, _mlp(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    install_stable(stack, _mlp(tmp_path, name, "v1"))
     repository = f"s3://{stack.bucket}"
     version = publish(_mlp(tmp_path, name, "v2", seed=7), repository, "run-gate-kill", s3=stack.s3).version
     stage(repository, name, version, stack.gate.http_url, s3=stack.s3, run_id="run-gate-kill")
@@ -280,7 +273,7 @@ def test_gate_server_killed_during_the_gate_fails_closed_and_the_rerun_completes
 
 def test_perf_analyzer_killed_mid_run_fails_closed_and_the_rerun_completes(tmp_path, stack):
     name = unique()
-    release(stack, _mlp(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    install_stable(stack, _mlp(tmp_path, name, "v1"))
     repository = f"s3://{stack.bucket}"
     version = publish(_mlp(tmp_path, name, "v2", seed=8), repository, "run-perf-kill", s3=stack.s3).version
     stage(repository, name, version, stack.gate.http_url, s3=stack.s3, run_id="run-perf-kill")

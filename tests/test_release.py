@@ -19,9 +19,10 @@ from components.triton_admin import TritonAdmin
 from pipelines.stack import free_port
 from tests.models import numpy_mlp_folder
 from tests.release_helpers import (
-    FIRST_RELEASE_GATE,
+    ABSOLUTE_GATE,
     TEST_GATE,
     SteadyClient,
+    install_stable,
     release,
     replicas,
     repository,
@@ -46,7 +47,7 @@ def _served(stack, name: str) -> list[int]:
 @pytest.mark.slow
 def test_equal_candidate_passes_is_promoted_with_zero_failed_requests_and_survives_a_restart(tmp_path, stack):
     name = unique()
-    assert release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE) == 1
+    assert release(stack, _folder(tmp_path, name, "v1"), ABSOLUTE_GATE) == 1
     assert _served(stack, name) == [1, 1]
     repo = ModelRepository(repository(stack), stack.s3)
 
@@ -76,7 +77,7 @@ def test_equal_candidate_passes_is_promoted_with_zero_failed_requests_and_surviv
 @pytest.mark.slow
 def test_slow_candidate_fails_the_gate_is_rejected_and_stable_keeps_serving(tmp_path, stack):
     name = unique()
-    release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    install_stable(stack, _folder(tmp_path, name, "v1"))
     # About twice the stable numpy MLP's median latency here (~0.5 ms): the candidate is 3x as slow.
     slow = _folder(tmp_path, name, "slow", delay_us=1000)
     with SteadyClient([s.http_url for s in stack.replicas], name, X, ["y"]) as client:
@@ -97,7 +98,7 @@ def test_slow_candidate_fails_the_gate_is_rejected_and_stable_keeps_serving(tmp_
 
 def test_candidate_with_wrong_answers_fails_the_accuracy_gate(tmp_path, stack):
     name = unique()
-    release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    install_stable(stack, _folder(tmp_path, name, "v1"))
     version, staged, verdict = stage_and_gate(stack, _folder(tmp_path, name, "bad", weights_seed=99))
     assert not staged.accuracy_passed and not all(r.passed for r in staged.accuracy)
     assert verdict.verdict == "fail"
@@ -111,7 +112,7 @@ def test_candidate_with_wrong_answers_fails_the_accuracy_gate(tmp_path, stack):
 
 def test_candidate_that_triton_cannot_load_fails_the_gate_and_production_is_untouched(tmp_path, stack):
     name = unique()
-    release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    install_stable(stack, _folder(tmp_path, name, "v1"))
     broken = _folder(tmp_path, name, "v2")
     (broken / "1" / "model.py").write_text("raise RuntimeError('this model cannot initialise')\n")
     version, staged, verdict = stage_and_gate(stack, broken)
@@ -145,8 +146,8 @@ def test_replica_killed_during_promotion_is_reported_as_not_reverted_and_reconci
     from components.reconcile import reconcile
 
     name = unique()
-    release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
-    version, _staged, verdict = stage_and_gate(stack, _folder(tmp_path, name, "v2", seed=5))
+    install_stable(stack, _folder(tmp_path, name, "v1"))
+    version, _staged, verdict = stage_and_gate(stack, _folder(tmp_path, name, "v2", seed=5), ABSOLUTE_GATE)
     assert verdict.verdict == "pass", verdict.reasons
 
     def kill_second_replica(what: str, replica) -> None:
@@ -223,7 +224,7 @@ def test_reconcile_brings_every_replica_to_the_desired_state(tmp_path, stack):
     from components.reconcile import reconcile
 
     name = unique()
-    release(stack, _folder(tmp_path, name, "v1"), FIRST_RELEASE_GATE)
+    install_stable(stack, _folder(tmp_path, name, "v1"))
     # An incident: one replica restarted without --load-model, the other had a version unloaded by hand.
     stack.restart_triton("prod-0")
     TritonAdmin(stack.replicas[1].http_url).unload(name)
