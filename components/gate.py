@@ -124,10 +124,13 @@ def measure_sequentially(
             result.verdict = "inconclusive"
             result.stopped = f"the {settings.budget_s:g} s budget was spent after {result.rounds} rounds"
             straddling = [e.describe() for e in result.effects if e.status == "straddles"]
-            result.reasons = [f"still undecided when the {settings.budget_s:g} s budget was spent: "
-                              + "; ".join(straddling or ["too few rounds were measured"])
-                              + " (the rounds disagree too much to decide: a quieter gate server or a larger "
-                              "budget_s narrows the interval)"]  # fmt: skip
+            why = "too few rounds were measured"
+            if straddling:
+                why = "; ".join(straddling) + (
+                    " (the rounds disagree too much to decide: a quieter gate server or a larger budget_s"
+                    " narrows the interval)"
+                )
+            result.reasons = [f"still undecided when the {settings.budget_s:g} s budget was spent: {why}"]
             return
 
 

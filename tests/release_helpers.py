@@ -46,10 +46,9 @@ def finish_every_release(stack: EmbeddedStack, loaded_before: dict[str, set[str]
     loaded on any Triton of the stack is unloaded (a gate candidate, a promoted version, a restarted replica's),
     and leases are given back. Run after each test whatever its outcome, so none inherits another's state:
     no stub processes, memory or CPU of earlier tests under a later test's measurement."""
-    for server in (stack.gate, *stack.replicas):
-        with TritonAdmin(server.http_url, timeout=30, retries=1) as admin:
-            ready = {e["name"] for e in admin.repository_index() if e.get("state") == "READY"}
-            new = ready - loaded_before.get(server.name, set())
+    for server, ready in loaded_models(stack).items():
+        with TritonAdmin(stack.triton(server).http_url, timeout=30, retries=1) as admin:
+            new = ready - loaded_before.get(server, set())
             ensembles = {n for n in new if admin.model_config(n).get("platform") == "ensemble"}
             for name in [*sorted(ensembles), *sorted(new - ensembles)]:  # an ensemble before its members
                 admin.unload(name)
