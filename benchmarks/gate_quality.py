@@ -7,7 +7,8 @@ candidates busy-wait a fixed time per request, sized as +0% (A/A), +10%, +25% ..
 measured median latency. While every decision runs, a client sends steady traffic (100 requests/s
 each) to both production replicas, as the release tests do. Each trial is one full gate decision
 with the gate's defaults (load the stable version, warm up, rounds until the limits decide or the
-budget is spent). Reports per design and injection the verdicts, the false-fail and inconclusive
+budget is spent). With `--busy N`, N more processes keep a CPU each busy meanwhile (a busy machine).
+Reports per design and injection the verdicts, the false-fail and inconclusive
 rates on A/A, the detection rate (verdict fail), the observed p99 change and the seconds per decision.
 Prints a table and writes benchmarks/results/gate_quality.json.
 """
@@ -15,12 +16,15 @@ Prints a table and writes benchmarks/results/gate_quality.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -56,11 +60,24 @@ def round_log_ratios(result) -> list[float]:
     return [float(np.log(c["p99_ms"] / s["p99_ms"])) for c, s in pairs if c["p99_ms"] and s["p99_ms"]]
 
 
+@contextlib.contextmanager
+def busy_cpus(count: int) -> Iterator[None]:
+    """`count` processes that spin at normal priority, each keeping a CPU busy, while the block runs."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--designs", default="duet,alternating")
     parser.add_argument("--injections", default="0:40,10:20,25:20", help="percent:trials,... (per design)")
     parser.add_argument("--alternating-injections", default="0:10,25:5", help="the same for the alternating design")
+    parser.add_argument("--busy", type=int, default=0, help="processes that keep a CPU busy during every decision")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gate_quality.json")
     args = parser.parse_args()
     defaults = GateSettings()
@@ -81,7 +98,7 @@ def main() -> None:
         TritonAdmin(stack.gate.http_url).unload(MODEL)
         print(f"stable median latency {base_us:.0f} us; gate defaults {defaults}", flush=True)
         candidates: dict[int, int] = {}
-        with SteadyClient([s.http_url for s in stack.replicas], MODEL, X, ["y"]) as client:
+        with SteadyClient([s.http_url for s in stack.replicas], MODEL, X, ["y"]) as client, busy_cpus(args.busy):
             for design in args.designs.split(","):
                 plan = args.injections if design == "duet" else args.alternating_injections
                 settings = dataclasses.replace(defaults, design=design)

@@ -42,7 +42,7 @@ from components.results import GateResult, StageResult, TuneResult
 from components.s3repo import S3Settings
 from components.settings import GateSettings
 from components.stage import read_candidate
-from components.tools import find_perf_analyzer
+from components.tools import find_perf_analyzer, shared_client_cpus
 from components.triton_admin import TritonAdmin, TritonError
 
 LOG = log.get("gate")
@@ -275,4 +275,5 @@ def _write_latencies(result: GateResult, path: Path) -> None:
 
 
 def _settings_dict(settings: GateSettings) -> dict[str, Any]:
-    return {**asdict(settings), "load": asdict(settings.load)}
+    cpus = shared_client_cpus() if settings.design == "duet" else None
+    return {**asdict(settings), "load": asdict(settings.load), "client_cpus": sorted(cpus) if cpus else None}

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from components import admin_key, log
-from components.tools import find_perf_analyzer
+from components.tools import find_perf_analyzer, shared_client_cpus
 
 LOG = log.get("perf")
 
@@ -213,15 +213,17 @@ def measure_together(
 ) -> list[PerfRun]:
     """Start one perf_analyzer per target at the same moment, each at the full `load`, and wait for all.
 
-    Run together, they see the same seconds of the machine: the gate's duet design."""
+    Run together, they see the same seconds of the machine: the gate's duet design. Together they also
+    share the same CPUs, so that neither is favoured by where the scheduler puts it."""
     tool = find_perf_analyzer()
+    cpus = shared_client_cpus() if len(targets) > 1 else None
     with tempfile.TemporaryDirectory(prefix="tritonship-perf-") as tmp:
         outs = [Path(tmp) / str(i) for i in range(len(targets))]
         started = time.monotonic()
         procs = []
         for target, out in zip(targets, outs, strict=True):
             out.mkdir()
-            procs.append(tool.start(_arguments(url, target.model, input_data, load, target.version, out)))
+            procs.append(tool.start(_arguments(url, target.model, input_data, load, target.version, out), cpus))
         results = []
         for proc in procs:
             try:
