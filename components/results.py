@@ -137,6 +137,7 @@ class TuneResult(Result):
     trials: list[Trial] = field(default_factory=list)
     seconds: float = 0.0
     enabled: bool = True
+    confirmation: str = ""  # whether the search's winner won again when measured beside the default
 
     def trial(self, settings: ServingSettings) -> Trial | None:
         """The setting's measurement; for one measured twice (the default), the two combined."""

@@ -12,6 +12,11 @@ settings no slower than the default (benchmarks/README.md, tuning).
 The search is a coordinate search from the default: one knob at a time, every value of it with the other
 knobs at their best so far; it moves only for a gain of at least `min_gain_pct` and stops after a pass
 over all knobs that moved nothing, or when `budget` settings have been measured.
+
+A winner other than the default is adopted only when it wins again: it and the default are measured once
+more, one after the other (two runs beyond the budget), and over all their runs it must still gain
+`min_gain_pct` with its highest p99 within the limit. One noisy run (a demo once chose 3 instances for
++15% that were 34% slower when measured again) otherwise decides what production serves.
 """
 
 from __future__ import annotations
@@ -220,8 +225,32 @@ def search(measure: Callable[[ServingSettings], Trial], default: ServingSettings
             reference = measured.get(current) if current else None
             if reference is None or best.throughput >= reference.throughput * (1 + settings.min_gain_pct / 100):
                 current, moved = best.settings, True
-    result.chosen = current or default
+    result.chosen = default
+    if current is not None and current != default:
+        result.chosen, result.confirmation = _confirm(measure, result, current, settings)
     return result
+
+
+def _confirm(
+    measure: Callable[[ServingSettings], Trial], result: TuneResult, winner: ServingSettings, settings: TuneSettings
+) -> tuple[ServingSettings, str]:
+    """Measure the search's winner and the default once more; the winner stays only if it still wins."""
+    for setting in (winner, result.default):
+        result.trials.append(measure(setting))
+        log.event(LOG, "trial", confirming=True, **result.trials[-1].row())
+    won, default = result.trial(winner), result.trial(result.default)
+    if not (won and default and won.measured and default.measured):
+        return result.default, "the winner or the default could not be measured again: the default is kept"
+    gain = (won.throughput / default.throughput - 1) * 100
+    over = result.p99_limit_ms is not None and won.p99_ms > result.p99_limit_ms
+    if gain >= settings.min_gain_pct and not over:
+        return winner, f"confirmed: {gain:+.1f}% throughput over all runs of both"
+    why = (
+        f"p99 {won.p99_ms:.2f} ms over the limit"
+        if over
+        else f"{gain:+.1f}% throughput (under +{settings.min_gain_pct:g}%)"
+    )
+    return result.default, f"not confirmed when measured again beside the default ({why}): the default is kept"
 
 
 def tune(

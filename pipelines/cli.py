@@ -475,7 +475,9 @@ def tune_cmd(
     for row in report.tuning_rows(json.loads(result.to_json())):
         table.add_row(*row)
     out.print(table)
-    out_console_line(f"chosen: {result.chosen} ({len(result.trials)} of {result.grid_size} settings measured)")
+    out_console_line(f"chosen: {result.chosen} ({result.settings_measured} of {result.grid_size} settings measured)")
+    if result.confirmation:
+        out_console_line(f"the search's winner, {result.confirmation}")
 
 
 def _gate_option(name: str) -> Any:

@@ -116,7 +116,9 @@ def test_pipeline_runs_locally_for_a_passing_and_a_failing_candidate(tmp_path, s
         ("published", 2), ("staged", 2), ("tuned", 2), ("gate", 2), ("rejected", 2),
     ]  # fmt: skip
     tuned = next(e for e in history if e["event"] == "tuned")
-    assert len(tuned["trials"]) == 3  # the budget: the default twice (the p99 limit), one other setting
+    # the budget (the default twice for the p99 limit, one other setting), and if that one won, it and the
+    # default once more to confirm it
+    assert len(tuned["trials"]) == 3 + 2 * bool(tuned["confirmation"])
     assert "Serving settings" in Path(first.artifact("tune-op", "report")["uri"]).read_text()
     desired = ModelRepository(f"s3://{stack.bucket}", stack.s3).desired_config(name)[0]
     assert desired.instance_group[0].count == tuned["chosen"]["instance_count"]  # promoted with what was chosen
