@@ -3,7 +3,8 @@
 How it measures (docs/design.md section 4)
     Both versions are loaded on the gate server and warmed up. Then rounds: in the **duet** design
     (default) one perf_analyzer per model starts at the same moment, each at the full load, so both
-    see the same seconds of the machine; in the **alternating** design they run one after the other
+    see the same seconds of the machine, and both on the same CPUs, so neither is favoured by where the
+    scheduler puts it (components/tools.py, shared_client_cpus); in the **alternating** design they run one after the other
     (S C, C S, ...). perf_analyzer's own stability check is relaxed (it always measures three
     windows and never exits 2 for noise): every request's latency comes from its profile export and
     the gate judges the noise itself, from the intervals of gate_stats.

@@ -209,14 +209,19 @@ class Target:
 
 
 def measure_together(
-    url: str, targets: list[Target], input_data: Path, load: LoadSettings, timeout: float = 300.0
+    url: str,
+    targets: list[Target],
+    input_data: Path,
+    load: LoadSettings,
+    timeout: float = 300.0,
+    share_cpus: bool = True,
 ) -> list[PerfRun]:
     """Start one perf_analyzer per target at the same moment, each at the full `load`, and wait for all.
 
     Run together, they see the same seconds of the machine: the gate's duet design. Together they also
     share the same CPUs, so that neither is favoured by where the scheduler puts it."""
     tool = find_perf_analyzer()
-    cpus = shared_client_cpus() if len(targets) > 1 else None
+    cpus = shared_client_cpus() if share_cpus and len(targets) > 1 else None
     with tempfile.TemporaryDirectory(prefix="tritonship-perf-") as tmp:
         outs = [Path(tmp) / str(i) for i in range(len(targets))]
         started = time.monotonic()
