@@ -139,7 +139,21 @@ def test_a_winner_whose_p99_breaks_the_limit_when_measured_again_is_not_adopted(
 
     result = search(measure, unbatched, dataclasses.replace(SPACE, instance_counts=(1, 2)), 2)
     assert result.p99_limit_ms == pytest.approx(1.1) and len(result.trials) == 5
-    assert result.chosen == unbatched and "p99 1.40 ms over the limit" in result.confirmation
+    assert result.chosen == unbatched and "p99 1.40 ms is over the limit" in result.confirmation
+
+
+def test_a_winner_that_cannot_be_measured_again_is_not_adopted():
+    runs: dict[ServingSettings, int] = {}
+
+    def measure(settings: ServingSettings) -> Trial:
+        runs[settings] = runs.get(settings, 0) + 1
+        if settings.instance_count == 2 and runs[settings] == 2:
+            return Trial(settings, problem="perf_analyzer: no valid requests")
+        return Trial(settings, 1000.0 * settings.instance_count, 1.0)
+
+    unbatched = dataclasses.replace(DEFAULT, max_batch_size=None, dynamic_batching=False)
+    result = search(measure, unbatched, dataclasses.replace(SPACE, instance_counts=(1, 2)), 2)
+    assert result.chosen == unbatched and "could not be measured again" in result.confirmation
 
 
 def test_a_default_that_cannot_be_measured_is_kept():
