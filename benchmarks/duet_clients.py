@@ -1,11 +1,12 @@
-"""Where should the duet's two perf_analyzers run? A/A duet rounds with both clients on the same CPUs
-(the gate's way) against both left to the scheduler, on a machine kept busy by N spinning processes.
+"""Where should the duet's two perf_analyzers run? A/A duet rounds with both clients on the same CPUs,
+a different group each round (the gate's way), on always the same CPUs, and left to the scheduler, on a
+machine kept busy by N spinning processes.
 
     .venv/bin/python benchmarks/duet_clients.py [--rounds 30] [--busy 1]
 
 Stable and candidate are the same numpy MLP (tests/fixtures/numpy_mlp_model.py), both loaded on the gate
 server; a client sends steady traffic to both production replicas, as in benchmarks/gate_quality.py.
-Rounds alternate between the two placements (and which client starts first). For each placement it
+Rounds take the placements in turn (and alternate which client starts first). For each placement it
 prints the standard deviation over rounds of log(candidate / stable) for p99, p50 and throughput: the
 noise the gate's interval has to average away. Writes benchmarks/results/duet_clients_busy<N>.json.
 """
@@ -29,10 +30,13 @@ from components.publish import publish
 from components.repository import ModelRepository, candidate_name
 from components.settings import GateSettings
 from components.stage import stage
+from components.tools import shared_client_cpus
 from components.triton_admin import TritonAdmin
 from pipelines.stack import EmbeddedStack
 from tests.models import numpy_mlp_folder
 from tests.release_helpers import SteadyClient
+
+PLACEMENTS = ("rotating", "fixed", "apart")  # same CPUs, a new group each round / always the same / unpinned
 
 
 def log_ratios(candidate: np.ndarray, stable: np.ndarray, c_s: float, s_s: float) -> dict[str, float]:
@@ -71,14 +75,15 @@ def main() -> None:
                 for _ in range(WARM_UP_REQUESTS):
                     admin.infer(target.model, X, ["y"], target.version)
         with SteadyClient([s.http_url for s in stack.replicas], MODEL, X, ["y"]), busy_cpus(args.busy):
-            for i in range(2 * args.rounds):
-                shared, order = i % 2 == 0, targets if i % 4 < 2 else targets[::-1]
-                runs = perf.measure_together(stack.gate.http_url, order, data, load, share_cpus=shared)
+            for i in range(len(PLACEMENTS) * args.rounds):
+                placement, order = PLACEMENTS[i % 3], targets if i % 2 == 0 else targets[::-1]
+                cpus = {"rotating": shared_client_cpus(i // 3), "fixed": shared_client_cpus(0), "apart": None}
+                runs = perf.measure_together(stack.gate.http_url, order, data, load, client_cpus=cpus[placement])
                 by_model = {r.model: r for r in runs}
                 c_ms, s_ms, c_s, s_s = round_requests(
                     by_model[targets[0].model].requests, by_model[targets[1].model].requests, duet=True
                 )
-                rows.append({"clients": "shared" if shared else "apart", "candidate_first": order[0] == targets[0],
+                rows.append({"clients": placement, "candidate_first": order[0] == targets[0],
                              "requests": [int(c_ms.size), int(s_ms.size)], **log_ratios(c_ms, s_ms, c_s, s_s)})  # fmt: skip
                 print(rows[-1], flush=True)
     summary = {
@@ -86,10 +91,10 @@ def main() -> None:
             k: float(np.std([r[k] for r in rows if r["clients"] == placement], ddof=1))
             for k in ("p99", "p50", "throughput")
         }
-        for placement in ("shared", "apart")
+        for placement in PLACEMENTS
     }
     for placement, sds in summary.items():
-        print(f"clients {placement:>6}: SD of log(candidate/stable) over {args.rounds} rounds: "
+        print(f"clients {placement:>8}: SD of log(candidate/stable) over {args.rounds} rounds: "
               + ", ".join(f"{k} {v:.3f}" for k, v in sds.items()))  # fmt: skip
     out = Path(__file__).parent / "results" / f"duet_clients_busy{args.busy}.json"
     out.write_text(json.dumps({"arguments": vars(args), "summary": summary, "rounds": rows}, indent=1))

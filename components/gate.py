@@ -3,8 +3,9 @@
 How it measures (docs/design.md section 4)
     Both versions are loaded on the gate server and warmed up. Then rounds: in the **duet** design
     (default) one perf_analyzer per model starts at the same moment, each at the full load, so both
-    see the same seconds of the machine, and both on the same CPUs, so neither is favoured by where the
-    scheduler puts it (components/tools.py, shared_client_cpus); in the **alternating** design they run one after the other
+    see the same seconds of the machine, and both on the same CPUs, a different group each round, so
+    neither is favoured by where the scheduler puts it (components/tools.py, client_cpu_groups); in the
+    **alternating** design they run one after the other
     (S C, C S, ...). perf_analyzer's own stability check is relaxed (it always measures three
     windows and never exits 2 for noise): every request's latency comes from its profile export and
     the gate judges the noise itself, from the intervals of gate_stats.
@@ -43,7 +44,7 @@ from components.results import GateResult, StageResult, TuneResult
 from components.s3repo import S3Settings
 from components.settings import GateSettings
 from components.stage import read_candidate
-from components.tools import find_perf_analyzer, shared_client_cpus
+from components.tools import client_cpu_groups, find_perf_analyzer, shared_client_cpus
 from components.triton_admin import TritonAdmin, TritonError
 
 LOG = log.get("gate")
@@ -256,8 +257,9 @@ def _measure(
 
 
 def _round_measure(url: str, targets: list[perf.Target], data: Path, settings: GateSettings) -> RoundMeasure:
-    def duet(_round: int) -> list[perf.PerfRun]:
-        return perf.measure_together(url, targets, data, settings.load, settings.perf_timeout_s)
+    def duet(round_index: int) -> list[perf.PerfRun]:
+        cpus = shared_client_cpus(round_index)
+        return perf.measure_together(url, targets, data, settings.load, settings.perf_timeout_s, cpus)
 
     def alternating(round_index: int) -> list[perf.PerfRun]:
         order = targets if round_index % 2 == 0 else targets[::-1]
@@ -276,5 +278,5 @@ def _write_latencies(result: GateResult, path: Path) -> None:
 
 
 def _settings_dict(settings: GateSettings) -> dict[str, Any]:
-    cpus = shared_client_cpus() if settings.design == "duet" else None
-    return {**asdict(settings), "load": asdict(settings.load), "client_cpus": sorted(cpus) if cpus else None}
+    groups = [sorted(g) for g in client_cpu_groups()] if settings.design == "duet" else []
+    return {**asdict(settings), "load": asdict(settings.load), "client_cpu_groups": groups}

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from components import admin_key, log
-from components.tools import find_perf_analyzer, shared_client_cpus
+from components.tools import find_perf_analyzer
 
 LOG = log.get("perf")
 
@@ -214,21 +214,20 @@ def measure_together(
     input_data: Path,
     load: LoadSettings,
     timeout: float = 300.0,
-    share_cpus: bool = True,
+    client_cpus: set[int] | None = None,
 ) -> list[PerfRun]:
     """Start one perf_analyzer per target at the same moment, each at the full `load`, and wait for all.
 
-    Run together, they see the same seconds of the machine: the gate's duet design. Together they also
-    share the same CPUs, so that neither is favoured by where the scheduler puts it."""
+    Run together, they see the same seconds of the machine: the gate's duet design. With `client_cpus`,
+    all of them run on those CPUs only (tools.client_cpu_groups says why)."""
     tool = find_perf_analyzer()
-    cpus = shared_client_cpus() if share_cpus and len(targets) > 1 else None
     with tempfile.TemporaryDirectory(prefix="tritonship-perf-") as tmp:
         outs = [Path(tmp) / str(i) for i in range(len(targets))]
         started = time.monotonic()
         procs = []
         for target, out in zip(targets, outs, strict=True):
             out.mkdir()
-            procs.append(tool.start(_arguments(url, target.model, input_data, load, target.version, out), cpus))
+            procs.append(tool.start(_arguments(url, target.model, input_data, load, target.version, out), client_cpus))
         results = []
         for proc in procs:
             try:

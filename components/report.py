@@ -80,8 +80,12 @@ def how_measured(result: GateResult) -> str:
         else f"concurrency {settings.get('concurrency')}"
     )
     attempts = len({(a["round"], a["attempt"]) for a in result.attempts})
-    cpus = settings.get("client_cpus")
-    where = f" (both perf_analyzers on CPU {','.join(map(str, cpus))})" if cpus else ""
+    groups = settings.get("client_cpu_groups")
+    where = (
+        f" (both perf_analyzers on the same CPUs, in turn {' | '.join(','.join(map(str, g)) for g in groups)})"
+        if groups
+        else ""
+    )
     return (
         f"{settings.get('design', '?')} design{where}, {load}, windows of {settings.get('window_ms')} ms; "
         f"{result.rounds} rounds ({attempts} perf_analyzer attempts), {result.measurement_seconds:.1f} s of "

@@ -51,15 +51,27 @@ def _on_cpus(cpus: set[int] | None) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-def shared_client_cpus() -> set[int] | None:
-    """The CPUs that the gate's duet clients share: the last quarter of those this process may use (at
-    least one). Two perf_analyzers left to the scheduler are placed apart, and on a busy machine the one
-    placed beside the other work loses for a whole round (a round's A/A p99 ratio then swings by 2x);
-    sharing the same CPUs, neither side is favoured (benchmarks/README.md, "Where the duet's clients run")."""
+def client_cpu_groups() -> list[set[int]]:
+    """The CPU groups the gate's duet clients take turns on: the CPUs this process may use, in groups of a
+    quarter of them (at least one CPU each).
+
+    Both perf_analyzers of a round run on one group. Left to the scheduler, they are placed apart, and on
+    a busy machine the one placed beside the other work loses for the whole round (a round's A/A p99
+    ratio then swings by 2x). Sharing CPUs, neither client is favoured; and taking a different group each
+    round, the clients do not always crowd the same CPUs, which would favour for a whole decision the
+    server-side backend process that happens to run elsewhere (benchmarks/README.md, "Where the duet's
+    clients run")."""
     if not hasattr(os, "sched_getaffinity"):
-        return None
+        return []
     allowed = sorted(os.sched_getaffinity(0))
-    return set(allowed[-max(1, len(allowed) // 4) :])
+    size = max(1, len(allowed) // 4)
+    return [set(allowed[i : i + size]) for i in range(0, len(allowed) - size + 1, size)]
+
+
+def shared_client_cpus(round_index: int = 0) -> set[int] | None:
+    """The CPUs both duet clients of round `round_index` run on (see client_cpu_groups)."""
+    groups = client_cpu_groups()
+    return groups[round_index % len(groups)] if groups else None
 
 
 def find_perf_analyzer() -> PerfAnalyzerTool:

@@ -1,4 +1,4 @@
-"""Where the gate's duet clients run: both perf_analyzers on the same CPUs, so neither is favoured."""
+"""Where the gate's duet clients run: both perf_analyzers on the same CPUs, a different group each round."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from components import perf
 from components.model_folder import load_golden
-from components.tools import PerfAnalyzerTool, shared_client_cpus
+from components.tools import PerfAnalyzerTool, client_cpu_groups, shared_client_cpus
 from components.triton_admin import TritonAdmin
 from tests.models import mlp_folder, upload_folder
 
@@ -25,10 +25,14 @@ def _allowed_cpus(status: str) -> set[int]:
     return cpus
 
 
-def test_the_shared_cpus_are_a_quarter_of_the_allowed_ones_and_a_started_process_keeps_them():
+def test_rounds_take_turns_on_groups_of_a_quarter_of_the_cpus_and_a_started_process_keeps_its_group():
     allowed = os.sched_getaffinity(0)
-    shared = shared_client_cpus()
-    assert shared and shared <= allowed and len(shared) == max(1, len(allowed) // 4)
+    groups = client_cpu_groups()
+    size = max(1, len(allowed) // 4)
+    assert all(len(g) == size for g in groups) and set().union(*groups) <= allowed
+    assert len(set().union(*groups)) == size * len(groups) == size * (len(allowed) // size)  # disjoint
+    assert [shared_client_cpus(i) for i in range(len(groups) + 1)] == [*groups, groups[0]]
+    shared = shared_client_cpus(len(groups) - 1)
     cat = PerfAnalyzerTool(Path("/bin/cat"), dict(os.environ))  # any program: it prints its own mask
     output, _ = cat.start(["/proc/self/status"], shared).communicate(timeout=10)
     assert _allowed_cpus(output) == shared
@@ -63,7 +67,11 @@ def test_a_duet_runs_both_perf_analyzers_on_the_shared_cpus(stack, s3, tmp_path)
             watcher.start()
             try:
                 runs = perf.measure_together(
-                    stack.gate.http_url, [perf.Target("duet_mlp", "1")] * 2, data, perf.LoadSettings(window_ms=500)
+                    stack.gate.http_url,
+                    [perf.Target("duet_mlp", "1")] * 2,
+                    data,
+                    perf.LoadSettings(window_ms=500),
+                    client_cpus=shared_client_cpus(0),
                 )
             finally:
                 done.set()
@@ -73,4 +81,4 @@ def test_a_duet_runs_both_perf_analyzers_on_the_shared_cpus(stack, s3, tmp_path)
     assert all(run.ok for run in runs), [run.stderr_tail for run in runs]
     assert all(np.size(run.latencies_us) > 0 for run in runs)
     assert len(seen) == 2, seen
-    assert all(cpus == shared_client_cpus() for cpus in seen.values()), seen
+    assert all(cpus == shared_client_cpus(0) for cpus in seen.values()), seen  # a first round's group
