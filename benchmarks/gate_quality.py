@@ -4,12 +4,13 @@
 
 Stable and every candidate are the same MLP served with numpy by tests/fixtures/numpy_mlp_model.py;
 candidates busy-wait a fixed time per request, sized as +0% (A/A), +10%, +25% ... of the stable's
-measured median latency. While every decision runs, a client sends steady traffic (100 requests/s
+measured p99 latency ("+25% p99 injected"; `--size-by median` sizes it on the median, as earlier runs did). While every decision runs, a client sends steady traffic (100 requests/s
 each) to both production replicas, as the release tests do. Each trial is one full gate decision
 with the gate's defaults (load the stable version, warm up, rounds until the limits decide or the
 budget is spent). With `--busy N`, N more processes keep a CPU each busy meanwhile (a busy machine).
 Reports per design and injection the verdicts, the false-fail and inconclusive
-rates on A/A, the detection rate (verdict fail), the observed p99 change and the seconds per decision.
+rates on A/A, the detection rate (verdict fail), the observed p99 and throughput changes and the seconds
+per decision.
 Prints a table and writes benchmarks/results/gate_quality.json.
 """
 
@@ -47,11 +48,15 @@ MODEL = "gq"
 X = {"x": np.ones((1, 16), np.float32)}
 
 
-def stable_median_us(stack: EmbeddedStack, folder: Path) -> float:
+def stable_latency_us(stack: EmbeddedStack, folder: Path) -> dict[str, float]:
+    """The stable's median and p99 latency at the gate's load, each the median over three runs."""
     golden = dict(np.load(folder / "1" / "golden.npz"))
     data = perf.write_input_data({k[3:]: v for k, v in golden.items() if k.startswith("in:")}, folder / "in.json", True)
-    runs = [perf.measure(stack.gate.http_url, MODEL, data, GateSettings().load) for _ in range(3)]
-    return statistics.median(float(np.median(r.latencies_us)) for r in runs if r.ok)
+    runs = [r for r in (perf.measure(stack.gate.http_url, MODEL, data, GateSettings().load) for _ in range(3)) if r.ok]
+    return {
+        "median": statistics.median(float(np.median(r.latencies_us)) for r in runs),
+        "p99": statistics.median(float(np.percentile(r.latencies_us, 99)) for r in runs),
+    }
 
 
 def round_log_ratios(result) -> list[float]:
@@ -77,6 +82,9 @@ def main() -> None:
     parser.add_argument("--designs", default="duet,alternating")
     parser.add_argument("--injections", default="0:40,10:20,25:20", help="percent:trials,... (per design)")
     parser.add_argument("--alternating-injections", default="0:10,25:5", help="the same for the alternating design")
+    parser.add_argument(
+        "--size-by", choices=("p99", "median"), default="p99", help="the stable latency an injection is a percent of"
+    )
     parser.add_argument("--busy", type=int, default=0, help="processes that keep a CPU busy during every decision")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gate_quality.json")
     args = parser.parse_args()
@@ -94,9 +102,11 @@ def main() -> None:
         repo.write_desired_config(MODEL, config, None)
         for server in (stack.gate, *stack.replicas):
             TritonAdmin(server.http_url).load(MODEL, config)
-        base_us = stable_median_us(stack, stable)
+        stable_us = stable_latency_us(stack, stable)
+        base_us = stable_us[args.size_by]
         TritonAdmin(stack.gate.http_url).unload(MODEL)
-        print(f"stable median latency {base_us:.0f} us; gate defaults {defaults}", flush=True)
+        print(f"stable latency: median {stable_us['median']:.0f} us, p99 {stable_us['p99']:.0f} us; injections are "
+              f"percents of the {args.size_by}; gate defaults {defaults}", flush=True)  # fmt: skip
         candidates: dict[int, int] = {}
         with SteadyClient([s.http_url for s in stack.replicas], MODEL, X, ["y"]) as client, busy_cpus(args.busy):
             for design in args.designs.split(","):
@@ -109,7 +119,7 @@ def main() -> None:
                         candidates[pct] = publish(folder, repo_uri, run_id=f"inject-{pct}", s3=stack.s3).version
                     # one release at a time: stage takes the model's lease, given back after the trials
                     stage(repo_uri, MODEL, candidates[pct], stack.gate.http_url, s3=stack.s3, run_id=f"inject-{pct}")
-                    verdicts, seconds, p99_changes, details = [], [], [], []
+                    verdicts, seconds, p99_changes, throughput_changes, details = [], [], [], [], []
                     for trial in range(trials):
                         started = time.monotonic()
                         result = gate(repo_uri, MODEL, candidates[pct], stack.gate.http_url, settings, s3=stack.s3)
@@ -117,6 +127,8 @@ def main() -> None:
                         seconds.append(time.monotonic() - started)
                         if result.p99_regression_pct is not None:
                             p99_changes.append(result.p99_regression_pct)
+                        if result.throughput_regression_pct is not None:
+                            throughput_changes.append(result.throughput_regression_pct)
                         details.append({
                             "verdict": result.verdict, "seconds": seconds[-1], "rounds": result.rounds,
                             "stopped": result.stopped, "reasons": result.reasons,
@@ -134,17 +146,20 @@ def main() -> None:
                         "trials": len(verdicts), "pass": verdicts.count("pass"), "fail": verdicts.count("fail"),
                         "inconclusive": verdicts.count("inconclusive"),
                         "median_observed_p99_change_pct": statistics.median(p99_changes) if p99_changes else None,
+                        "median_observed_throughput_change_pct": (
+                            statistics.median(throughput_changes) if throughput_changes else None),
                         "median_decision_seconds": statistics.median(seconds), "max_decision_seconds": max(seconds),
                         "trial_details": details,
                     })  # fmt: skip
-                    write(args.out, base_us, defaults, args, results)  # after every group: a crash loses nothing
+                    write(args.out, stable_us, defaults, args, results)  # after every group: a crash loses nothing
         client_failures = len(client.failures)
-    header = f"{'design':>11} {'injected':>8} {'trials':>6} {'pass':>5} {'fail':>5} {'inconcl.':>8} {'obs. p99':>9} {'median s':>8} {'max s':>6}"
+    header = (f"{'design':>11} {'injected':>8} {'trials':>6} {'pass':>5} {'fail':>5} {'inconcl.':>8} {'obs. p99':>9} "
+              f"{'obs. thr.':>9} {'median s':>8} {'max s':>6}")  # fmt: skip
     print("\n" + header)
     for r in results:
-        observed = r["median_observed_p99_change_pct"]
+        p99, thr = r["median_observed_p99_change_pct"], r["median_observed_throughput_change_pct"]
         print(f"{r['design']:>11} {'+' + str(r['injected_pct']) + '%':>8} {r['trials']:>6} {r['pass']:>5} {r['fail']:>5} "
-              f"{r['inconclusive']:>8} {'-' if observed is None else f'{observed:+.1f}%':>9} "
+              f"{r['inconclusive']:>8} {'-' if p99 is None else f'{p99:+.1f}%':>9} {'-' if thr is None else f'{thr:+.1f}%':>9} "
               f"{r['median_decision_seconds']:>8.1f} {r['max_decision_seconds']:>6.1f}")  # fmt: skip
     for design in args.designs.split(","):
         ratios = [x for r in results if r["design"] == design and r["injected_pct"] == 0
@@ -153,13 +168,13 @@ def main() -> None:
             print(f"A/A rounds, {design}: standard deviation of log(p99 ratio) {np.std(ratios, ddof=1):.3f} "
                   f"over {len(ratios)} rounds")  # fmt: skip
     print(f"steady client: {client.total} requests to the production replicas, {client_failures} failed")
-    write(args.out, base_us, defaults, args, results, {"requests": client.total, "failures": client_failures})
+    write(args.out, stable_us, defaults, args, results, {"requests": client.total, "failures": client_failures})
 
 
-def write(out: Path, base_us: float, defaults: GateSettings, args, results: list, client: dict | None = None) -> None:
+def write(out: Path, stable_us: dict, defaults: GateSettings, args, results: list, client: dict | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {
-        "base_median_us": base_us, "gate_settings": dataclasses.asdict(defaults),
+        "stable_median_us": stable_us["median"], "stable_p99_us": stable_us["p99"], "injections_sized_by": args.size_by, "gate_settings": dataclasses.asdict(defaults),
         "arguments": vars(args) | {"out": str(out)}, "steady_client": client, "results": results,
     }  # fmt: skip
     out.write_text(json.dumps(report, indent=2, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
