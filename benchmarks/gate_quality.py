@@ -4,13 +4,14 @@
 
 Stable and every candidate are the same MLP served with numpy by tests/fixtures/numpy_mlp_model.py;
 candidates busy-wait a fixed time per request, sized as +0% (A/A), +10%, +25% ... of the stable's
-measured p99 latency ("+25% p99 injected"; `--size-by median` sizes it on the median, as earlier runs did). While every decision runs, a client sends steady traffic (100 requests/s
-each) to both production replicas, as the release tests do. Each trial is one full gate decision
-with the gate's defaults (load the stable version, warm up, rounds until the limits decide or the
-budget is spent). With `--busy N`, N more processes keep a CPU each busy meanwhile (a busy machine).
-Reports per design and injection the verdicts, the false-fail and inconclusive
-rates on A/A, the detection rate (verdict fail), the observed p99 and throughput changes and the seconds
-per decision.
+measured p99 latency ("+25% p99 injected"; `--size-by median` sizes it on the median, as earlier runs
+did). While every decision runs, a client sends steady traffic (100 requests/s each) to both production
+replicas, as the release tests do. Each trial is one full gate decision with the gate's defaults (load
+the stable version, warm up, rounds until the limits decide or the budget is spent); `--limit-pct P`
+sets both relative limits to P% instead. With `--busy N`, N more processes keep a CPU each busy
+meanwhile (a busy machine). Reports per design and injection the verdicts, the false-fail and
+inconclusive rates on A/A, the detection rate (verdict fail), the observed p99 and throughput changes
+and the seconds per decision.
 Prints a table and writes benchmarks/results/gate_quality.json.
 """
 
@@ -85,10 +86,16 @@ def main() -> None:
     parser.add_argument(
         "--size-by", choices=("p99", "median"), default="p99", help="the stable latency an injection is a percent of"
     )
+    parser.add_argument("--limit-pct", type=float, help="both relative limits (p99 growth, throughput loss), percent")
     parser.add_argument("--busy", type=int, default=0, help="processes that keep a CPU busy during every decision")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gate_quality.json")
     args = parser.parse_args()
     defaults = GateSettings()
+    if args.limit_pct is not None:
+        limits = dataclasses.replace(
+            defaults.thresholds, max_p99_regression_pct=args.limit_pct, max_throughput_regression_pct=args.limit_pct
+        )
+        defaults = dataclasses.replace(defaults, thresholds=limits)
     results = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=2, gate=True) as stack:
         tmp_path = Path(tmp)
@@ -106,7 +113,7 @@ def main() -> None:
         base_us = stable_us[args.size_by]
         TritonAdmin(stack.gate.http_url).unload(MODEL)
         print(f"stable latency: median {stable_us['median']:.0f} us, p99 {stable_us['p99']:.0f} us; injections are "
-              f"percents of the {args.size_by}; gate defaults {defaults}", flush=True)  # fmt: skip
+              f"percents of the {args.size_by}; gate settings {defaults}", flush=True)  # fmt: skip
         candidates: dict[int, int] = {}
         with SteadyClient([s.http_url for s in stack.replicas], MODEL, X, ["y"]) as client, busy_cpus(args.busy):
             for design in args.designs.split(","):
