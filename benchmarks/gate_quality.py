@@ -126,7 +126,7 @@ def main() -> None:
                         candidates[pct] = publish(folder, repo_uri, run_id=f"inject-{pct}", s3=stack.s3).version
                     # one release at a time: stage takes the model's lease, given back after the trials
                     stage(repo_uri, MODEL, candidates[pct], stack.gate.http_url, s3=stack.s3, run_id=f"inject-{pct}")
-                    verdicts, seconds, p99_changes, throughput_changes, details = [], [], [], [], []
+                    verdicts, seconds, p99_changes, throughput_losses, details = [], [], [], [], []
                     for trial in range(trials):
                         started = time.monotonic()
                         result = gate(repo_uri, MODEL, candidates[pct], stack.gate.http_url, settings, s3=stack.s3)
@@ -135,7 +135,7 @@ def main() -> None:
                         if result.p99_regression_pct is not None:
                             p99_changes.append(result.p99_regression_pct)
                         if result.throughput_regression_pct is not None:
-                            throughput_changes.append(result.throughput_regression_pct)
+                            throughput_losses.append(result.throughput_regression_pct)
                         details.append({
                             "verdict": result.verdict, "seconds": seconds[-1], "rounds": result.rounds,
                             "stopped": result.stopped, "reasons": result.reasons,
@@ -153,8 +153,8 @@ def main() -> None:
                         "trials": len(verdicts), "pass": verdicts.count("pass"), "fail": verdicts.count("fail"),
                         "inconclusive": verdicts.count("inconclusive"),
                         "median_observed_p99_change_pct": statistics.median(p99_changes) if p99_changes else None,
-                        "median_observed_throughput_change_pct": (
-                            statistics.median(throughput_changes) if throughput_changes else None),
+                        "median_observed_throughput_loss_pct": (
+                            statistics.median(throughput_losses) if throughput_losses else None),
                         "median_decision_seconds": statistics.median(seconds), "max_decision_seconds": max(seconds),
                         "trial_details": details,
                     })  # fmt: skip
@@ -164,9 +164,9 @@ def main() -> None:
               f"{'obs. thr.':>9} {'median s':>8} {'max s':>6}")  # fmt: skip
     print("\n" + header)
     for r in results:
-        p99, thr = r["median_observed_p99_change_pct"], r["median_observed_throughput_change_pct"]
+        p99, loss = r["median_observed_p99_change_pct"], r["median_observed_throughput_loss_pct"]
         print(f"{r['design']:>11} {'+' + str(r['injected_pct']) + '%':>8} {r['trials']:>6} {r['pass']:>5} {r['fail']:>5} "
-              f"{r['inconclusive']:>8} {'-' if p99 is None else f'{p99:+.1f}%':>9} {'-' if thr is None else f'{thr:+.1f}%':>9} "
+              f"{r['inconclusive']:>8} {'-' if p99 is None else f'{p99:+.1f}%':>9} {'-' if loss is None else f'{-loss:+.1f}%':>9} "
               f"{r['median_decision_seconds']:>8.1f} {r['max_decision_seconds']:>6.1f}")  # fmt: skip
     for design in args.designs.split(","):
         ratios = [x for r in results if r["design"] == design and r["injected_pct"] == 0
