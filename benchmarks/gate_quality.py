@@ -90,12 +90,12 @@ def main() -> None:
     parser.add_argument("--busy", type=int, default=0, help="processes that keep a CPU busy during every decision")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gate_quality.json")
     args = parser.parse_args()
-    defaults = GateSettings()
-    if args.limit_pct is not None:
-        limits = dataclasses.replace(
-            defaults.thresholds, max_p99_regression_pct=args.limit_pct, max_throughput_regression_pct=args.limit_pct
-        )
-        defaults = dataclasses.replace(defaults, thresholds=limits)
+    limits = (
+        {}
+        if args.limit_pct is None
+        else dict.fromkeys(("max_p99_regression_pct", "max_throughput_regression_pct"), args.limit_pct)
+    )
+    gate_settings = GateSettings.from_flat(**limits)
     results = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=2, gate=True) as stack:
         tmp_path = Path(tmp)
@@ -113,16 +113,17 @@ def main() -> None:
         base_us = stable_us[args.size_by]
         TritonAdmin(stack.gate.http_url).unload(MODEL)
         print(f"stable latency: median {stable_us['median']:.0f} us, p99 {stable_us['p99']:.0f} us; injections are "
-              f"percents of the {args.size_by}; gate settings {defaults}", flush=True)  # fmt: skip
+              f"percents of the {args.size_by}; gate settings {gate_settings}", flush=True)  # fmt: skip
         candidates: dict[int, int] = {}
         with SteadyClient([s.http_url for s in stack.replicas], MODEL, X, ["y"]) as client, busy_cpus(args.busy):
             for design in args.designs.split(","):
                 plan = args.injections if design == "duet" else args.alternating_injections
-                settings = dataclasses.replace(defaults, design=design)
+                settings = dataclasses.replace(gate_settings, design=design)
                 for pct, trials in (map(int, item.split(":")) for item in plan.split(",")):
+                    delay_us = int(base_us * pct / 100)
                     if pct not in candidates:
                         (tmp_path / f"c{pct}").mkdir()
-                        folder = numpy_mlp_folder(tmp_path / f"c{pct}", MODEL, delay_us=int(base_us * pct / 100))
+                        folder = numpy_mlp_folder(tmp_path / f"c{pct}", MODEL, delay_us=delay_us)
                         candidates[pct] = publish(folder, repo_uri, run_id=f"inject-{pct}", s3=stack.s3).version
                     # one release at a time: stage takes the model's lease, given back after the trials
                     stage(repo_uri, MODEL, candidates[pct], stack.gate.http_url, s3=stack.s3, run_id=f"inject-{pct}")
@@ -149,7 +150,7 @@ def main() -> None:
                     unload_candidate(stack.gate.http_url, MODEL)
                     repo.release_lease(MODEL, f"inject-{pct}")
                     results.append({
-                        "design": design, "injected_pct": pct, "delay_us": int(base_us * pct / 100),
+                        "design": design, "injected_pct": pct, "delay_us": delay_us,
                         "trials": len(verdicts), "pass": verdicts.count("pass"), "fail": verdicts.count("fail"),
                         "inconclusive": verdicts.count("inconclusive"),
                         "median_observed_p99_change_pct": statistics.median(p99_changes) if p99_changes else None,
@@ -158,7 +159,7 @@ def main() -> None:
                         "median_decision_seconds": statistics.median(seconds), "max_decision_seconds": max(seconds),
                         "trial_details": details,
                     })  # fmt: skip
-                    write(args.out, stable_us, defaults, args, results)  # after every group: a crash loses nothing
+                    write(args.out, stable_us, gate_settings, args, results)  # after every group: a crash loses nothing
         client_failures = len(client.failures)
     header = (f"{'design':>11} {'injected':>8} {'trials':>6} {'pass':>5} {'fail':>5} {'inconcl.':>8} {'obs. p99':>9} "
               f"{'obs. thr.':>9} {'median s':>8} {'max s':>6}")  # fmt: skip
@@ -175,13 +176,15 @@ def main() -> None:
             print(f"A/A rounds, {design}: standard deviation of log(p99 ratio) {np.std(ratios, ddof=1):.3f} "
                   f"over {len(ratios)} rounds")  # fmt: skip
     print(f"steady client: {client.total} requests to the production replicas, {client_failures} failed")
-    write(args.out, stable_us, defaults, args, results, {"requests": client.total, "failures": client_failures})
+    write(args.out, stable_us, gate_settings, args, results, {"requests": client.total, "failures": client_failures})
 
 
-def write(out: Path, stable_us: dict, defaults: GateSettings, args, results: list, client: dict | None = None) -> None:
+def write(
+    out: Path, stable_us: dict, gate_settings: GateSettings, args, results: list, client: dict | None = None
+) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {
-        "stable_median_us": stable_us["median"], "stable_p99_us": stable_us["p99"], "injections_sized_by": args.size_by, "gate_settings": dataclasses.asdict(defaults),
+        "stable_median_us": stable_us["median"], "stable_p99_us": stable_us["p99"], "injections_sized_by": args.size_by, "gate_settings": dataclasses.asdict(gate_settings),
         "arguments": vars(args) | {"out": str(out)}, "steady_client": client, "results": results,
     }  # fmt: skip
     out.write_text(json.dumps(report, indent=2, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
