@@ -5,8 +5,9 @@
 Stable and every candidate are the same MLP served with numpy by tests/fixtures/numpy_mlp_model.py;
 candidates busy-wait a fixed time per request, sized as +0% (A/A), +10%, +25% ... of the stable's
 measured p99 latency ("+25% p99 injected"; `--size-by median` sizes it on the median, as earlier runs
-did). While every decision runs, a client sends steady traffic (100 requests/s each) to both production
-replicas, as the release tests do. Each trial is one full gate decision with the gate's defaults (load
+did; `--base-us N` on a fixed N us, since one start-up reading of a p99 can be far off). While every
+decision runs, a client sends steady traffic (100 requests/s each) to both production replicas, as the
+release tests do. Each trial is one full gate decision with the gate's defaults (load
 the stable version, warm up, rounds until the limits decide or the budget is spent); `--limit-pct P`
 sets both relative limits to P% instead. With `--busy N`, N more processes keep a CPU each busy
 meanwhile (a busy machine). Reports per design and injection the verdicts, the false-fail and
@@ -86,6 +87,9 @@ def main() -> None:
     parser.add_argument(
         "--size-by", choices=("p99", "median"), default="p99", help="the stable latency an injection is a percent of"
     )
+    parser.add_argument(
+        "--base-us", type=float, help="size injections on this latency (us) instead of one measured at start-up"
+    )
     parser.add_argument("--limit-pct", type=float, help="both relative limits (p99 growth, throughput loss), percent")
     parser.add_argument("--busy", type=int, default=0, help="processes that keep a CPU busy during every decision")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gate_quality.json")
@@ -110,10 +114,10 @@ def main() -> None:
         for server in (stack.gate, *stack.replicas):
             TritonAdmin(server.http_url).load(MODEL, config)
         stable_us = stable_latency_us(stack, stable)
-        base_us = stable_us[args.size_by]
+        base_us = args.base_us or stable_us[args.size_by]
         TritonAdmin(stack.gate.http_url).unload(MODEL)
         print(f"stable latency: median {stable_us['median']:.0f} us, p99 {stable_us['p99']:.0f} us; injections are "
-              f"percents of the {args.size_by}; gate settings {gate_settings}", flush=True)  # fmt: skip
+              f"percents of {f'{args.base_us:g} us' if args.base_us else 'the ' + args.size_by}; gate settings {gate_settings}", flush=True)  # fmt: skip
         candidates: dict[int, int] = {}
         with SteadyClient([s.http_url for s in stack.replicas], MODEL, X, ["y"]) as client, busy_cpus(args.busy):
             for design in args.designs.split(","):
@@ -184,7 +188,7 @@ def write(
 ) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {
-        "stable_median_us": stable_us["median"], "stable_p99_us": stable_us["p99"], "injections_sized_by": args.size_by, "gate_settings": dataclasses.asdict(gate_settings),
+        "stable_median_us": stable_us["median"], "stable_p99_us": stable_us["p99"], "injections_sized_by": f"{args.base_us:g} us" if args.base_us else args.size_by, "gate_settings": dataclasses.asdict(gate_settings),
         "arguments": vars(args) | {"out": str(out)}, "steady_client": client, "results": results,
     }  # fmt: skip
     out.write_text(json.dumps(report, indent=2, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))

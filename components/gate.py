@@ -13,7 +13,8 @@ How it measures (docs/design.md section 4)
 How it decides
     After each round every limit's effect gets an interval (gate_stats): fail as soon as one lies
     wholly beyond its limit, pass once all lie wholly within, otherwise another round, until the
-    time budget is spent: only then inconclusive. A round whose perf_analyzer exits 2 anyway is
+    time budget is spent: only then inconclusive. The budget is the whole decision's (loading the stable
+    version and warming up count), so `budget_s` bounds what a release waits for a verdict. A round whose perf_analyzer exits 2 anyway is
     measured again (at most `max_attempts` times, within the budget); every attempt is recorded in
     verdict.json.
 
@@ -75,11 +76,18 @@ RoundMeasure = Callable[[int], list[perf.PerfRun]]  # round index -> [candidate 
 
 
 def measure_sequentially(
-    result: GateResult, settings: GateSettings, measure_round: RoundMeasure, with_stable: bool, clock=time.monotonic
+    result: GateResult,
+    settings: GateSettings,
+    measure_round: RoundMeasure,
+    with_stable: bool,
+    clock=time.monotonic,
+    started: float | None = None,
 ) -> None:
-    """Rounds until the effects decide, the budget is spent, or a measurement fails; fills in the result."""
+    """Rounds until the effects decide, the budget is spent, or a measurement fails; fills in the result.
+    The budget counts from `started` (the decision's start: loading and warming up count too), else from now;
+    a round is begun only if the last one's length still fits in it."""
     limits = settings.thresholds.limits(with_stable)
-    started = clock()
+    started = clock() if started is None else started
     round_seconds = 0.0
     while True:
         runs: list[perf.PerfRun] = []
@@ -158,6 +166,7 @@ def gate(
 
     With `tuning`, the candidate is measured as the tune step left it loaded: with the chosen settings.
     With the gate server's `metrics_url`, its GPU and CPU utilisation while measuring go into the verdict."""
+    started = time.monotonic()  # the budget covers the whole decision, loading the stable version included
     settings = settings or GateSettings()
     repo = ModelRepository(repository, s3)
     desired, _ = repo.desired_config(model)
@@ -165,7 +174,7 @@ def gate(
     result = GateResult(model, version, stable_version, "inconclusive", [], settings=_settings_dict(settings))
     result.tuning = json.loads(tuning.to_json()) if tuning is not None else None
     try:
-        _measure(repo, result, settings, stage_result, desired, gate_url, metrics_url)
+        _measure(repo, result, settings, stage_result, desired, gate_url, metrics_url, started)
     except TritonshipError as exc:
         _failed(result, str(exc))
     if out_dir is not None:
@@ -193,6 +202,7 @@ def _measure(
     desired: model_config.ModelConfig | None,
     gate_url: str,
     metrics_url: str,
+    started: float,
 ) -> None:
     if stage_result is not None and stage_result.load_error:
         _failed(result, f"the gate server could not load the candidate: {stage_result.load_error}")
@@ -225,14 +235,14 @@ def _measure(
             return
         if with_stable:
             try:
-                started = time.monotonic()
+                loading = time.monotonic()
                 for member in ensemble.member_names(desired):  # an ensemble's stable members first
                     member_config, _ = repo.desired_config(member)
                     admin.load(member, member_config)
                     admin.wait_ready(member, ensemble.pinned_member_version(desired))
                 admin.load(result.model, desired)
                 admin.wait_ready(result.model, result.stable_version or "")
-                result.stable_load_seconds = time.monotonic() - started
+                result.stable_load_seconds = time.monotonic() - loading
                 targets.append(perf.Target(result.model, str(result.stable_version)))
             except TritonError as exc:
                 result.reasons = [f"the stable version could not be loaded on the gate server: {exc}"]
@@ -249,7 +259,7 @@ def _measure(
                 )
                 with server_metrics.Sampler(metrics_url) if metrics_url else contextlib.nullcontext() as sampler:
                     measure = _round_measure(admin.url, targets, data, settings)
-                    measure_sequentially(result, settings, measure, with_stable)
+                    measure_sequentially(result, settings, measure, with_stable, started=started)
                 result.server = sampler.summary() if sampler else {}
         finally:
             if with_stable:

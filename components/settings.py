@@ -42,7 +42,10 @@ GATE_PARAMETERS: dict[str, Parameter] = {
     "window_ms": Parameter(DEFAULT_WINDOW_MS, "length of one measured window, ms"),
     "design": Parameter(DEFAULT_DESIGN, "duet (candidate and stable measured at once) or alternating"),
     "min_rounds": Parameter(DEFAULT_MIN_ROUNDS, "rounds measured before any decision"),
-    "budget_s": Parameter(DEFAULT_BUDGET_S, "measuring time after which an undecided gate is inconclusive, s"),
+    "budget_s": Parameter(
+        DEFAULT_BUDGET_S,
+        "seconds of the whole decision, loading included, after which an undecided gate is inconclusive",
+    ),
     "max_p99_ms": Parameter(0.0, "absolute limit on the candidate's p99 latency, ms; 0 is off"),
     "min_throughput": Parameter(0.0, "absolute limit on the candidate's inferences/s; 0 is off"),
     "max_p99_regression_pct": Parameter(
@@ -92,7 +95,7 @@ class GateSettings:
     thresholds: Thresholds = field(default_factory=Thresholds)
     design: Design = DEFAULT_DESIGN
     min_rounds: int = DEFAULT_MIN_ROUNDS
-    budget_s: float = DEFAULT_BUDGET_S  # measuring time after which an undecided gate is inconclusive
+    budget_s: float = DEFAULT_BUDGET_S  # the whole decision's seconds after which an undecided gate is inconclusive
     max_attempts: int = DEFAULT_MAX_ATTEMPTS  # perf_analyzer runs per round before the round counts as lost
     confidence: float = gate_stats.CONFIDENCE
     perf_timeout_s: float = 120.0

@@ -61,10 +61,12 @@ class FakeRounds:
         ]
 
 
-def _gate(rounds: FakeRounds, thresholds: Thresholds, budget_s: float = 90.0) -> GateResult:
+def _gate(
+    rounds: FakeRounds, thresholds: Thresholds, budget_s: float = 90.0, started: float | None = None
+) -> GateResult:
     result = GateResult("m", 2, 1, "inconclusive", [])
     settings = GateSettings(thresholds=thresholds, budget_s=budget_s)
-    measure_sequentially(result, settings, rounds, with_stable=True, clock=rounds.clock)
+    measure_sequentially(result, settings, rounds, with_stable=True, clock=rounds.clock, started=started)
     return result
 
 
@@ -104,6 +106,14 @@ def test_a_candidate_at_the_limit_measures_until_the_budget_then_is_inconclusive
     assert result.rounds > 3 and rounds.calls == result.rounds  # more rounds were added before giving up
     assert rounds.now <= 60
     assert "budget was spent" in result.stopped and "straddles" in result.reasons[0]
+
+
+def test_the_budget_counts_the_whole_decision_loading_included():
+    # loading the stable version and warming up took 20 s before the first round: 40 s are left for rounds
+    rounds = FakeRounds(ratio=1.10)
+    result = _gate(rounds, Thresholds(max_throughput_regression_pct=None), budget_s=60, started=-20.0)
+    assert result.verdict == "inconclusive"
+    assert rounds.now + 20 <= 60 and rounds.calls == 10  # ten 4 s rounds fill the 40 s left
 
 
 def test_perf_analyzer_exit_2_on_one_round_is_measured_again_not_inconclusive():
