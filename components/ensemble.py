@@ -23,7 +23,7 @@ import json
 import shutil
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -32,7 +32,7 @@ import numpy as np
 
 from components import model_folder
 from components.errors import TritonshipError
-from components.model_config import ModelConfig, build, to_pbtxt
+from components.model_config import ModelConfig, ServingSettings, build, to_pbtxt, with_settings
 from components.model_folder import ModelFolder
 from components.signature import Signature
 
@@ -60,6 +60,28 @@ def pin_members(config: ModelConfig, version: int, rename: Callable[[str], str] 
         step.model_name = rename(step.model_name)
         step.model_version = version
     return pinned
+
+
+def with_serving_settings(
+    config: ModelConfig, members: dict[str, ModelConfig], settings: ServingSettings
+) -> tuple[ModelConfig, dict[str, ModelConfig]]:
+    """An ensemble served with one set of serving settings: every member takes them (its max_batch_size
+    and preferred batch sizes no larger than it was built for), the ensemble's max_batch_size becomes the
+    smallest of its members' (Triton refuses an ensemble whose batches a member cannot take)."""
+    tuned = {}
+    for name, member in members.items():
+        own = settings
+        if member.max_batch_size > 0 and settings.max_batch_size is not None:
+            cap = min(settings.max_batch_size, member.max_batch_size)
+            own = replace(settings, max_batch_size=cap,
+                          preferred_batch_sizes=tuple(sorted({min(p, cap) for p in settings.preferred_batch_sizes})))  # fmt: skip
+        tuned[name] = with_settings(member, own)
+    entry = ModelConfig()
+    entry.CopyFrom(config)
+    batching = [m.max_batch_size for m in tuned.values() if m.max_batch_size > 0]
+    if entry.max_batch_size > 0 and batching:
+        entry.max_batch_size = min(batching)
+    return entry, tuned
 
 
 def pinned_member_version(config: ModelConfig) -> int:

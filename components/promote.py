@@ -152,7 +152,9 @@ def _promote(
         repo.copy_to_production(name, version)
     configs = candidate.production_configs()
     config = configs.pop(model)
-    if settings is not None and not candidate.members:
+    if settings is not None and candidate.members:
+        config, configs = ensemble.with_serving_settings(config, configs, settings)
+    elif settings is not None:
         config = model_config.with_settings(config, settings)
     old_members = ensemble.pinned_member_version(previous) if previous and candidate.members else None
     release = Release(candidate, config, configs, old_members)

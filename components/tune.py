@@ -26,18 +26,19 @@ import dataclasses
 import json
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from components import log, model_config, perf, server_metrics
+from components import ensemble, log, model_config, perf, server_metrics
 from components.errors import TritonshipError
 from components.model_config import ServingSettings
 from components.repository import ModelRepository, candidate_name
 from components.results import Trial, TuneResult
 from components.s3repo import S3Settings
+from components.settings import RELAXED_STABILITY_PCT
 from components.stage import CandidateVersion, read_candidate
 from components.triton_admin import TritonAdmin, TritonError
 
@@ -47,7 +48,10 @@ WARM_UP_REQUESTS = 20
 
 @dataclass(frozen=True)
 class TuneSettings:
-    load: perf.LoadSettings = field(default_factory=lambda: perf.LoadSettings(concurrency=4))
+    # perf_analyzer's stability check relaxed, as the gate's: a busy machine's noise must not lose a trial
+    load: perf.LoadSettings = field(
+        default_factory=lambda: perf.LoadSettings(concurrency=4, stability_pct=RELAXED_STABILITY_PCT)
+    )
     max_p99_ms: float | None = None
     p99_slack_pct: float = 10.0
     budget: int = 16
@@ -57,8 +61,13 @@ class TuneSettings:
     perf_timeout_s: float = 120.0
 
 
-def default_settings(config: model_config.ModelConfig) -> ServingSettings:
-    """What the compiled model's config.pbtxt serves with."""
+def default_settings(
+    config: model_config.ModelConfig, members: Sequence[model_config.ModelConfig] = ()
+) -> ServingSettings:
+    """What the compiled model's config.pbtxt serves with; an ensemble's are its first member's, at the
+    ensemble's max_batch_size (tuning serves every member of an ensemble with the same settings)."""
+    if members:
+        return dataclasses.replace(default_settings(members[0]), max_batch_size=config.max_batch_size or None)
     batching = config.HasField("dynamic_batching")
     return ServingSettings(
         max_batch_size=config.max_batch_size or None,
@@ -142,9 +151,19 @@ class GateBench:
         self._tmp.cleanup()
 
     def apply(self, settings: ServingSettings) -> None:
-        config = model_config.with_settings(self.candidate.candidate_config(), settings)
-        self.admin.load(self.name, config)
-        self.admin.wait_ready(self.name, self.candidate.version)
+        version = self.candidate.version
+        if not self.candidate.members:
+            self.admin.load(self.name, model_config.with_settings(self.candidate.candidate_config(), settings))
+            self.admin.wait_ready(self.name, version)
+            return
+        members = {c.name: c for c in self.candidate.member_candidate_configs()}
+        entry, tuned = ensemble.with_serving_settings(self.candidate.candidate_config(), members, settings)
+        self.admin.unload(self.name)  # the ensemble first: its members' max_batch_size may drop below its own
+        for name, config in tuned.items():
+            self.admin.load(name, config)
+            self.admin.wait_ready(name, version)
+        self.admin.load(self.name, entry)
+        self.admin.wait_ready(self.name, version)
 
     def measure(self, settings: ServingSettings) -> Trial:
         trial = Trial(settings)
@@ -268,15 +287,16 @@ def tune(
     metrics_url: str = "",
 ) -> TuneResult:
     """The tune step: search, leave the candidate loaded with the chosen settings, record the table.
-    Turned off (or for an ensemble, whose members keep their own configs) it returns the default settings.
+    Turned off it returns the default settings. An ensemble's members are all served with the same
+    settings (components/ensemble.py, with_serving_settings).
     With the gate server's `metrics_url`, each trial carries its GPU and CPU utilisation."""
     settings = settings or TuneSettings()
     repo = ModelRepository(repository, s3)
     candidate = read_candidate(repo, model, version)
-    default = default_settings(candidate.config)
+    default = default_settings(candidate.config, list(candidate.members.values()))
     size = len(grid(default, settings))
     started = time.monotonic()
-    if not enabled or candidate.members:  # an ensemble is promoted with its members' own configs
+    if not enabled:
         result = TuneResult(model, version, default, default, None, size, enabled=False)
     else:
         bench = GateBench(gate_url, candidate, settings.load, settings.perf_timeout_s, metrics_url)

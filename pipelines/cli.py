@@ -15,7 +15,7 @@ from rich.console import Console
 
 from components import log, settings
 from components.errors import TritonshipError
-from components.settings import GATE_PARAMETERS
+from components.settings import GATE_PARAMETERS, RELAXED_STABILITY_PCT
 
 if TYPE_CHECKING:
     from components.results import Result
@@ -444,7 +444,9 @@ def tune_cmd(
         int, typer.Option(help="perf_analyzer concurrency (use the gate's)")
     ] = settings.DEFAULT_CONCURRENCY,
     window_ms: Annotated[int, typer.Option(help="perf_analyzer measurement window")] = 1000,
-    stability_pct: Annotated[float, typer.Option(help="perf_analyzer stability threshold")] = 20.0,
+    stability_pct: Annotated[
+        float, typer.Option(help="perf_analyzer stability threshold, %; the default takes any three windows")
+    ] = RELAXED_STABILITY_PCT,
     max_p99_ms: Annotated[
         float | None, typer.Option(help="p99 limit; default: the default settings' p99 + slack")
     ] = None,

@@ -134,7 +134,6 @@ def tune_op(
     import json
     from pathlib import Path
 
-    from components.perf import LoadSettings
     from components.replicas import resolve
     from components.report import tuning_markdown
     from components.results import StageResult
@@ -145,8 +144,7 @@ def tune_op(
     staged = StageResult.from_json(stage_result)
     gating = GateSettings.from_flat(**gate_settings)  # tuned at the gate's load, within its p99 limit
     settings = TuneSettings(
-        load=LoadSettings(concurrency=gating.concurrency, request_rate=gating.request_rate,
-                          window_ms=gating.window_ms),
+        load=gating.load,
         max_p99_ms=gating.thresholds.max_p99_ms,
         budget=budget,
     )  # fmt: skip

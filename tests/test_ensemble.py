@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.ensemble import EnsembleError, ensemble_config, read_bundle
+from components.ensemble import EnsembleError, ensemble_config, read_bundle, with_serving_settings
 from components.gate import gate
+from components.model_config import ServingSettings
 from components.model_folder import load_golden
 from components.promote import promote, reject
 from components.publish import publish
@@ -20,6 +21,7 @@ from components.repository import ModelRepository, candidate_name
 from components.settings import Thresholds
 from components.stage import stage
 from components.triton_admin import TritonAdmin
+from components.tune import TuneSettings, tune
 from pipelines.samples import bert4rec, recsys
 from tests.release_helpers import ABSOLUTE_GATE, TEST_GATE, SteadyClient, replicas, repository, unique
 
@@ -184,16 +186,57 @@ def test_cli_assembles_the_same_bundle_from_its_parts(tmp_path, bundles):
         np.testing.assert_array_equal(outputs[name], expected)
 
 
-def test_bert4rec_ensemble_answers_catalogue_ids_like_its_reference(tmp_path, stack):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, tmp_path, stack):
     """The users' model in its production form: catalogue ids -> bert4rec_pre -> BERT4Rec (transformers,
-    exported with the default method) -> bert4rec_post -> catalogue ids, staged dark on the gate, where its
-    answers must equal the reference computed in Python from the same step code and the eager model."""
+    exported with the default method, compiled on `device`) -> bert4rec_post -> catalogue ids. Staged dark
+    on the gate, where its answers must equal the reference computed in Python from the same step code and
+    the eager model; tuned (one setting for every member), gated as tuned and promoted with those settings.
+    The cuda case is the same release with the model on a KIND_GPU instance (the lent GPU machine)."""
     name = unique("b4r")
-    bundle = bert4rec.build_bundle(tmp_path / "bundle", name=name)
-    version = publish(bundle, repository(stack), s3=stack.s3).version
-    staged = stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
+    bundle = bert4rec.build_bundle(tmp_path / "bundle", name=name, device=device)
+    repo_uri = repository(stack)
+    version = publish(bundle, repo_uri, s3=stack.s3).version
+    staged = stage(repo_uri, name, version, stack.gate.http_url, s3=stack.s3, run_id="b4r")
     assert staged.accuracy_passed, staged.accuracy
     assert {r.name for r in staged.accuracy} == {"recommended", "scores"}
     history = bert4rec.histories(3, seed=5)
     answer = TritonAdmin(stack.gate.http_url).infer(candidate_name(name), {"history": history}, ["recommended"])
     assert np.isin(answer["recommended"], bert4rec.CATALOGUE_IDS).all()  # catalogue ids, never a special token
+
+    tuning = tune(repo_uri, name, version, stack.gate.http_url, TuneSettings(budget=3, instance_counts=(1, 2)),
+                  s3=stack.s3, run_id="b4r")  # fmt: skip
+    assert tuning.enabled and len(tuning.trials) >= 3 and all(t.measured for t in tuning.trials), tuning.trials
+    members = [f"{name}_pre", f"{name}_model", f"{name}_post"]
+    gate_admin = TritonAdmin(stack.gate.http_url)
+    for member in members:  # the gate serves every member with the chosen settings
+        served = gate_admin.model_config(candidate_name(member))
+        assert served["instance_group"][0]["count"] == tuning.chosen.instance_count
+    verdict = gate(repo_uri, name, version, stack.gate.http_url, ABSOLUTE_GATE, staged, s3=stack.s3, run_id="b4r",
+                   tuning=tuning)  # fmt: skip
+    assert verdict.verdict == "pass", verdict.reasons
+
+    promote(repo_uri, name, version, replicas(stack)[:1], "pass", stack.gate.http_url, tuning.chosen, s3=stack.s3,
+            run_id="b4r")  # fmt: skip
+    repo = ModelRepository(repo_uri, stack.s3)
+    production = TritonAdmin(stack.replicas[0].http_url)
+    for member in members:
+        desired = repo.desired_config(member)[0]
+        assert desired.instance_group[0].count == tuning.chosen.instance_count
+        assert production.ready_versions(member) == [version]
+    assert production.infer(name, {"history": history}, ["recommended"])["recommended"].shape == (3, bert4rec.TOP_K)
+
+
+def test_one_serving_setting_for_every_member_stays_within_what_each_was_built_for(bundles):
+    bundle = read_bundle(bundles["v1"])
+    members = {m.config.name: m.config for m in bundle.members}
+    members["recsys_post"].max_batch_size = 8  # one member built for smaller batches
+    wanted = ServingSettings(
+        max_batch_size=32, max_queue_delay_us=500, preferred_batch_sizes=(16, 32), instance_count=3
+    )
+    entry, tuned = with_serving_settings(bundle.ensemble.config, members, wanted)
+    assert tuned["recsys_model"].max_batch_size == 32 and tuned["recsys_post"].max_batch_size == 8
+    assert list(tuned["recsys_post"].dynamic_batching.preferred_batch_size) == [8]
+    assert all(c.instance_group[0].count == 3 for c in tuned.values())
+    assert entry.max_batch_size == 8  # no batch the ensemble takes is too large for a member
+    assert bundle.ensemble.config.max_batch_size != 8 and members["recsys_model"].instance_group[0].count == 1

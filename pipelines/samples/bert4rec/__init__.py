@@ -6,7 +6,9 @@ builds the position ids from the input's own shape and the attention mask from t
 logits at the target position, drops the special tokens and returns the top-k item indices (int64) and
 their scores (fp32): exactly the shape-reading code that a traced exported program gets wrong.
 
-Vocabulary: 0 is padding, 1..ITEMS are items, ITEMS + 1 is the mask token.
+Vocabulary: 0 is padding, 1..items are items, items + 1 is the mask token. `Size` sets the catalogue,
+the sequence length and the transformer: `DEMO` (500 items, length 40, hidden 64) for the demo and the
+tests, `USERS` (50,000 items, length 200, hidden 256, 2 layers, 4 heads) for the GPU benchmark.
 
     history (catalogue ids) -> bert4rec_pre (ids -> indices, + mask token) -> bert4rec_model -> bert4rec_post
     (indices -> catalogue ids) -> recommended, scores
@@ -14,9 +16,11 @@ Vocabulary: 0 is padding, 1..ITEMS are items, ITEMS + 1 is the mask token.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,57 +28,75 @@ import torch
 from torch import nn
 
 HERE = Path(__file__).parent
-ITEMS = 500
-PAD, MASK = 0, ITEMS + 1
-LENGTH = 40  # the sequence the model reads: 39 history items and the mask token
 TOP_K = 10
-MAX_BATCH = 16
-CATALOGUE_IDS = [20_000 + 13 * i for i in range(ITEMS)]  # what clients know items by; index i + 1
 
-MODEL_SIGNATURE = {
-    "batch": True,
-    "max_batch_size": MAX_BATCH,
-    "inputs": [
-        {"name": "item_ids", "dtype": "int64", "shape": [-1, LENGTH], "range": [0, ITEMS + 2]},
-        {"name": "mask_pos", "dtype": "int64", "shape": [-1, 1], "range": [0, LENGTH]},
-    ],
-    "outputs": [
-        {"name": "topk_indices", "dtype": "int64", "shape": [-1, TOP_K]},
-        {"name": "topk_scores", "dtype": "fp32", "shape": [-1, TOP_K]},
-    ],
-}
+
+@dataclass(frozen=True)
+class Size:
+    """How large a BERT4Rec is: its catalogue, the sequence it reads and its transformer."""
+
+    items: int = 500
+    length: int = 40  # the sequence the model reads: length - 1 history items and the mask token
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 2
+    max_batch: int = 16
+
+    @property
+    def mask(self) -> int:
+        return self.items + 1
+
+    def catalogue_ids(self) -> list[int]:
+        """What clients know items by; item id i is vocabulary index i + 1."""
+        return [20_000 + 13 * i for i in range(self.items)]
+
+    def signatures(self) -> dict[str, dict]:
+        """The model's, the pre and post steps' and the ensemble's signatures."""
+        batch = {"batch": True, "max_batch_size": self.max_batch}
+        model = batch | {
+            "inputs": [
+                {"name": "item_ids", "dtype": "int64", "shape": [-1, self.length], "range": [0, self.items + 2]},
+                {"name": "mask_pos", "dtype": "int64", "shape": [-1, 1], "range": [0, self.length]},
+            ],
+            "outputs": [
+                {"name": "topk_indices", "dtype": "int64", "shape": [-1, TOP_K]},
+                {"name": "topk_scores", "dtype": "fp32", "shape": [-1, TOP_K]},
+            ],
+        }
+        history = [{"name": "history", "dtype": "int64", "shape": [-1, self.length - 1]}]
+        answer = [
+            {"name": "recommended", "dtype": "int64", "shape": [-1, TOP_K]},
+            {"name": "scores", "dtype": "fp32", "shape": [-1, TOP_K]},
+        ]
+        return {
+            "model": model,
+            "pre": batch | {"inputs": history, "outputs": model["inputs"]},
+            "post": batch | {"inputs": model["outputs"], "outputs": answer},
+            "ensemble": batch | {"inputs": history, "outputs": answer},
+        }
+
+
+DEMO = Size()  # the demo's and the tests': small enough for a 2-core machine
+USERS = Size(items=50_000, length=200, hidden=256, layers=2, heads=4, max_batch=256)  # the users' recommender
+PAD = 0
+CATALOGUE_IDS = DEMO.catalogue_ids()
+MODEL_SIGNATURE = DEMO.signatures()["model"]
 MODEL_SIGNATURE_YAML = json.dumps(MODEL_SIGNATURE)  # one line: a KFP parameter default must be one line
-PRE_SIGNATURE = {
-    "batch": True,
-    "max_batch_size": MAX_BATCH,
-    "inputs": [{"name": "history", "dtype": "int64", "shape": [-1, LENGTH - 1]}],
-    "outputs": MODEL_SIGNATURE["inputs"],
-}
-POST_SIGNATURE = {
-    "batch": True,
-    "max_batch_size": MAX_BATCH,
-    "inputs": MODEL_SIGNATURE["outputs"],
-    "outputs": [
-        {"name": "recommended", "dtype": "int64", "shape": [-1, TOP_K]},
-        {"name": "scores", "dtype": "fp32", "shape": [-1, TOP_K]},
-    ],
-}
-ENSEMBLE_SIGNATURE = {"batch": True, "max_batch_size": MAX_BATCH, "inputs": PRE_SIGNATURE["inputs"],
-                      "outputs": POST_SIGNATURE["outputs"]}  # fmt: skip
 
 
 class BERT4Rec(nn.Module):
-    """Item sequence + masked position -> top-k item indices (1..ITEMS) and their softmax scores."""
+    """Item sequence + masked position -> top-k item indices (1..items) and their softmax scores."""
 
-    def __init__(self, layers: int = 2, hidden: int = 64, heads: int = 2, seed: int = 0) -> None:
+    def __init__(self, size: Size = DEMO, seed: int = 0) -> None:
         super().__init__()
         from transformers import BertConfig, BertForMaskedLM
 
         torch.manual_seed(seed)
+        self.size = size
         config = BertConfig(
-            vocab_size=ITEMS + 2, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-            intermediate_size=hidden * 4, max_position_embeddings=LENGTH + 8, pad_token_id=PAD,
-            attn_implementation="eager",
+            vocab_size=size.items + 2, hidden_size=size.hidden, num_hidden_layers=size.layers,
+            num_attention_heads=size.heads, intermediate_size=size.hidden * 4,
+            max_position_embeddings=size.length + 8, pad_token_id=PAD, attn_implementation="eager",
         )  # fmt: skip
         self.bert = BertForMaskedLM(config).eval()
 
@@ -84,7 +106,7 @@ class BERT4Rec(nn.Module):
         attention = (item_ids != PAD).long()
         logits = self.bert(input_ids=item_ids, attention_mask=attention, position_ids=positions).logits
         at_target = logits.gather(1, mask_pos.unsqueeze(-1).expand(-1, -1, logits.size(-1))).squeeze(1)
-        item_logits = at_target[:, 1 : ITEMS + 1]  # drop padding and the mask token
+        item_logits = at_target[:, 1 : self.size.items + 1]  # drop padding and the mask token
         scores, indices = torch.topk(torch.softmax(item_logits, dim=-1), TOP_K, dim=-1)
         return indices + 1, scores
 
@@ -100,34 +122,50 @@ def bert4rec_v2() -> nn.Module:
 
 def bert4rec_v3_slow() -> nn.Module:
     """Deliberately slower: eight layers and twice the width, same signature."""
-    return BERT4Rec(layers=8, hidden=128, heads=4, seed=2).eval()
+    return BERT4Rec(dataclasses.replace(DEMO, layers=8, hidden=128, heads=4), seed=2).eval()
 
 
-def histories(count: int, seed: int = 0) -> np.ndarray:
+def users_v1() -> nn.Module:
+    """The users' size: 50,000 items, hidden 256, 2 layers, 4 heads, sequence length 200."""
+    return BERT4Rec(USERS, seed=0).eval()
+
+
+def users_v2() -> nn.Module:
+    """The users' size, retrained: other weights."""
+    return BERT4Rec(USERS, seed=1).eval()
+
+
+def histories(count: int, seed: int = 0, size: Size = DEMO) -> np.ndarray:
     """Realistic client requests: histories of catalogue ids."""
     rng = np.random.default_rng(seed)
-    return rng.choice(np.asarray(CATALOGUE_IDS, dtype=np.int64), size=(count, LENGTH - 1))
+    return rng.choice(np.asarray(size.catalogue_ids(), dtype=np.int64), size=(count, size.length - 1))
 
 
-def build_bundle(out: Path, factory: str = "bert4rec_v1", name: str = "bert4rec") -> Path:
-    """Export (default method) and compile the model (TorchScript, python flavour for the embedded Triton),
-    then assemble the release bundle with the pre- and postprocessing steps."""
+def build_bundle(
+    out: Path, factory: str = "bert4rec_v1", name: str = "bert4rec", device: str = "cpu", precision: str = "fp32"
+) -> Path:
+    """Export (default method) and compile the model (TorchScript, python flavour for the embedded Triton;
+    on `device` at `precision`), then assemble the release bundle with the pre- and postprocessing steps.
+    The size is the factory's model's."""
     from components.compile import compile_model
     from components.ensemble import Step, assemble
     from components.export import export
     from components.signature import Signature
 
+    eager = globals()[factory]()
+    size, signatures = eager.size, eager.size.signatures()
     with tempfile.TemporaryDirectory(prefix="tritonship-bert4rec-") as tmp:
         work = Path(tmp)
-        (work / "signature.json").write_text(MODEL_SIGNATURE_YAML)
+        (work / "signature.json").write_text(json.dumps(signatures["model"]))
         export(f"pipelines.samples.bert4rec:{factory}", work / "signature.json", work / "export")
-        compile_model(work / "export", work / f"{name}_model", f"{name}_model", flavour="python")
+        compile_model(work / "export", work / f"{name}_model", f"{name}_model", precision=precision, device=device,
+                      flavour="python")  # fmt: skip
         steps = []
-        for role, signature in (("pre", PRE_SIGNATURE), ("post", POST_SIGNATURE)):
+        for role in ("pre", "post"):
             directory = work / f"{name}_{role}"
             shutil.copytree(HERE / role, directory, ignore=shutil.ignore_patterns("__pycache__"))
-            (directory / "item_index.json").write_text(json.dumps({"item_ids": CATALOGUE_IDS}))
-            steps.append(Step(f"{name}_{role}", directory, Signature.from_dict(signature)))
-        assemble(out, name, Signature.from_dict(ENSEMBLE_SIGNATURE), work / f"{name}_model", *steps,
-                 globals()[factory](), {"history": histories(16)})  # fmt: skip
+            (directory / "item_index.json").write_text(json.dumps({"item_ids": size.catalogue_ids()}))
+            steps.append(Step(f"{name}_{role}", directory, Signature.from_dict(signatures[role])))
+        assemble(out, name, Signature.from_dict(signatures["ensemble"]), work / f"{name}_model", *steps, eager,
+                 {"history": histories(16, size=size)})  # fmt: skip
     return out
