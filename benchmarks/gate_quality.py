@@ -13,6 +13,8 @@ sets both relative limits to P% instead. With `--busy N`, N more processes keep 
 meanwhile (a busy machine). Reports per design and injection the verdicts, the false-fail and
 inconclusive rates on A/A, the detection rate (verdict fail), the observed p99 and throughput changes
 and the seconds per decision.
+With `--gpu` (the lent GPU machine) the stable is the users' BERT4Rec (50,000 items, sequence length 200)
+compiled to fp16 TorchScript and served on the GPU, and each candidate is it with the busy wait appended.
 Prints a table and writes benchmarks/results/gate_quality.json.
 """
 
@@ -22,6 +24,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -47,7 +50,50 @@ from tests.models import numpy_mlp_folder
 from tests.release_helpers import SteadyClient
 
 MODEL = "gq"
-X = {"x": np.ones((1, 16), np.float32)}
+# A candidate's execute() busy-waits `delay_s` per request after answering (appended to a compiled model.py).
+DELAY_PATCH = """
+
+import time as _time
+
+_served_execute = TritonPythonModel.execute
+
+
+def _execute_with_delay(self, requests):
+    deadline = _time.perf_counter() + {delay_s} * len(requests)
+    responses = _served_execute(self, requests)
+    while _time.perf_counter() < deadline:
+        pass
+    return responses
+
+
+TritonPythonModel.execute = _execute_with_delay
+"""
+
+
+def gpu_model(tmp_path: Path) -> Path:
+    """The users' BERT4Rec (pipelines/samples/bert4rec, USERS size) compiled to fp16 TorchScript on the GPU,
+    served by tritonship's python flavour on a KIND_GPU instance."""
+    from components.compile import compile_model
+    from components.export import export
+    from pipelines.samples import bert4rec
+
+    (tmp_path / "sig.json").write_text(json.dumps(bert4rec.USERS.signatures()["model"]))
+    export("pipelines.samples.bert4rec:users_v1", tmp_path / "sig.json", tmp_path / "export")
+    compiled = tmp_path / "gpu" / MODEL
+    compile_model(tmp_path / "export", compiled, MODEL, precision="fp16", device="cuda", flavour="python")
+    return compiled
+
+
+def model_folder(tmp_path: Path, label: str, delay_us: int, gpu_base: Path | None) -> Path:
+    """The stable (delay 0) or a candidate: the numpy MLP, or with `gpu_base` that compiled GPU model."""
+    (tmp_path / label).mkdir()
+    if gpu_base is None:
+        return numpy_mlp_folder(tmp_path / label, MODEL, delay_us=delay_us)
+    folder = shutil.copytree(gpu_base, tmp_path / label / MODEL)
+    if delay_us:
+        model_py = folder / "1" / "model.py"
+        model_py.write_text(model_py.read_text() + DELAY_PATCH.format(delay_s=delay_us / 1e6))
+    return folder
 
 
 def stable_latency_us(stack: EmbeddedStack, folder: Path) -> dict[str, float]:
@@ -91,6 +137,7 @@ def main() -> None:
         "--base-us", type=float, help="size injections on this latency (us) instead of one measured at start-up"
     )
     parser.add_argument("--limit-pct", type=float, help="both relative limits (p99 growth, throughput loss), percent")
+    parser.add_argument("--gpu", action="store_true", help="gate the users' BERT4Rec, fp16 on the GPU")
     parser.add_argument("--busy", type=int, default=0, help="processes that keep a CPU busy during every decision")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gate_quality.json")
     args = parser.parse_args()
@@ -105,8 +152,8 @@ def main() -> None:
         tmp_path = Path(tmp)
         repo_uri = f"s3://{stack.bucket}"
         repo = ModelRepository(repo_uri, stack.s3)
-        (tmp_path / "stable").mkdir()
-        stable = numpy_mlp_folder(tmp_path / "stable", MODEL)
+        gpu_base = gpu_model(tmp_path) if args.gpu else None
+        stable = model_folder(tmp_path, "stable", 0, gpu_base)
         version = publish(stable, repo_uri, s3=stack.s3).version
         repo.copy_to_production(MODEL, version)
         config = model_config.pin_version(model_config.parse_pbtxt((stable / "config.pbtxt").read_text()), version)
@@ -119,15 +166,18 @@ def main() -> None:
         print(f"stable latency: median {stable_us['median']:.0f} us, p99 {stable_us['p99']:.0f} us; injections are "
               f"percents of {f'{args.base_us:g} us' if args.base_us else 'the ' + args.size_by}; gate settings {gate_settings}", flush=True)  # fmt: skip
         candidates: dict[int, int] = {}
-        with SteadyClient([s.http_url for s in stack.replicas], MODEL, X, ["y"]) as client, busy_cpus(args.busy):
+        golden = dict(np.load(stable / "1" / "golden.npz"))
+        request = {k[3:]: v[:1] for k, v in golden.items() if k.startswith("in:")}
+        outputs = [k[4:] for k in golden if k.startswith("out:")]
+        urls = [s.http_url for s in stack.replicas]
+        with SteadyClient(urls, MODEL, request, outputs) as client, busy_cpus(args.busy):
             for design in args.designs.split(","):
                 plan = args.injections if design == "duet" else args.alternating_injections
                 settings = dataclasses.replace(gate_settings, design=design)
                 for pct, trials in (map(int, item.split(":")) for item in plan.split(",")):
                     delay_us = int(base_us * pct / 100)
                     if pct not in candidates:
-                        (tmp_path / f"c{pct}").mkdir()
-                        folder = numpy_mlp_folder(tmp_path / f"c{pct}", MODEL, delay_us=delay_us)
+                        folder = model_folder(tmp_path, f"c{pct}", delay_us, gpu_base)
                         candidates[pct] = publish(folder, repo_uri, run_id=f"inject-{pct}", s3=stack.s3).version
                     # one release at a time: stage takes the model's lease, given back after the trials
                     stage(repo_uri, MODEL, candidates[pct], stack.gate.http_url, s3=stack.s3, run_id=f"inject-{pct}")

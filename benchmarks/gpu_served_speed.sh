@@ -4,6 +4,8 @@
 #
 #   bash benchmarks/gpu_served_speed.sh pack   # here: writes .gpu/{tools,stub312,site312}.tar.xz (~77 MB)
 #   bash benchmarks/gpu_served_speed.sh run    # there, from the repo root (see benchmarks/README.md)
+#   bash benchmarks/gpu_served_speed.sh bert4rec fp16 --eager   # there: the users' BERT4Rec ensemble
+#   bash benchmarks/gpu_served_speed.sh gate --injections 0:10,25:5   # there: the gate on the GPU
 #
 # One device call carries at most 64 MiB, so the packs travel in two calls to the same warm machine:
 # run with only .gpu/site312.tar.xz and .gpu/stub312.tar.xz carried (it unpacks them and stops), then with
@@ -38,25 +40,58 @@ pack() {
   ls -l .gpu/*.tar.xz
 }
 
-run() {
+# Unpacks what the call carried (site packages and stub first, the tools in the next call) and sets the
+# environment; returns non-zero when the tools have not arrived yet.
+unpack() {
   local unpacked=/tmp/tritonship-gpu
-  local tools=$unpacked/tools
+  tools=$unpacked/tools
   if [ -f .gpu/site312.tar.xz ]; then
     mkdir -p "$unpacked/site" "$tools/stub-site"
     tar -xJf .gpu/site312.tar.xz -C "$unpacked/site" --strip-components=1
     tar -xJf .gpu/stub312.tar.xz -C "$tools/stub-site" --strip-components=1
   fi
-  if [ ! -f .gpu/tools.tar.xz ]; then echo "site packages unpacked; now run again carrying .gpu/tools.tar.xz"; exit 0; fi
-  tar -xJf .gpu/tools.tar.xz -C "$tools"
-  # perf_analyzer links libb64.so.0d, which setup.sh installs with apt here; the server's copy serves.
-  ln -sf "$tools"/nvidia_pytriton.libs/libb64-*.so.0d "$tools/nvidia/cuda_runtime/lib/libb64.so.0d"
+  if [ -f .gpu/tools.tar.xz ]; then
+    tar -xJf .gpu/tools.tar.xz -C "$tools"
+    # perf_analyzer links libb64.so.0d, which setup.sh installs with apt here; the server's copy serves.
+    ln -sf "$tools"/nvidia_pytriton.libs/libb64-*.so.0d "$tools/nvidia/cuda_runtime/lib/libb64.so.0d"
+  fi
+  if [ ! -x "$tools/bin/perf_analyzer" ]; then
+    echo "site packages unpacked; now run again carrying .gpu/tools.tar.xz"
+    return 1
+  fi
   export TRITONSHIP_TOOLS=$tools PYTHONPATH=$PWD:$unpacked/site PYTHONUNBUFFERED=1
   nvidia-smi -L | tee "$OUT/machine.txt"
+}
+
+run() {
+  unpack || exit 0
   python3 benchmarks/served_speed.py --device cuda --concurrency 1 16 --repeats 3 2>&1 \
     | grep -v "DEBUG\|frombuffer\|UserWarning" | tee "$OUT/served_speed.log"
   cp benchmarks/results/served_speed_cuda_*.json "$OUT/"
   python3 -m pytest -p no:cacheprovider -m gpu -k python_flavour tests/test_export_compile.py 2>&1 \
     | tee "$OUT/pytest_gpu_served.log"
+}
+
+# The users' BERT4Rec ensemble released and served default against tuned (benchmarks/gpu_bert4rec.py), one
+# precision per call: `bert4rec fp16 [--eager ...]`; `bert4rec test` runs the gpu-marked ensemble release test.
+bert4rec() {
+  unpack || exit 0
+  if [ "$1" = test ]; then
+    python3 -m pytest -p no:cacheprovider -m gpu -k bert4rec tests/test_ensemble.py 2>&1 | tee "$OUT/pytest_gpu_bert4rec.log"
+    return
+  fi
+  local precision=$1
+  shift
+  python3 benchmarks/gpu_bert4rec.py --precision "$precision" "$@" 2>&1 \
+    | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace" | tee "$OUT/gpu_bert4rec_$precision.log"
+  cp benchmarks/results/gpu_bert4rec_cuda_"$precision".json "$OUT/"
+}
+
+# The gate's A/A and +25% trials on the GPU (benchmarks/gate_quality.py --gpu); arguments go to it.
+gate() {
+  unpack || exit 0
+  python3 benchmarks/gate_quality.py --gpu --designs duet --out "$OUT/gate_quality_gpu.json" "$@" 2>&1 \
+    | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace" | tee "$OUT/gate_quality_gpu.log"
 }
 
 "$@"

@@ -85,18 +85,19 @@ def measure_sequentially(
 ) -> None:
     """Rounds until the effects decide, the budget is spent, or a measurement fails; fills in the result.
     The budget counts from `started` (the decision's start: loading and warming up count too), else from now;
-    a round is begun only if the last one's length still fits in it."""
+    a round is begun only if the longest one so far still fits in it."""
     limits = settings.thresholds.limits(with_stable)
     started = clock() if started is None else started
-    round_seconds = 0.0
+    round_seconds = 0.0  # the longest round so far: what the next one is expected to take at most
     while True:
         runs: list[perf.PerfRun] = []
         attempt = 0
         for attempt in range(1, settings.max_attempts + 1):
             attempt_started = clock()
             runs = measure_round(result.rounds)
-            round_seconds = clock() - attempt_started
-            result.measurement_seconds += round_seconds
+            took = clock() - attempt_started
+            round_seconds = max(round_seconds, took)
+            result.measurement_seconds += took
             for run in runs:
                 result.attempts.append({"round": result.rounds + 1, "attempt": attempt, **run.to_dict()})
             broken = next((r for r in runs if not r.ok and r.exit_code != 2), None)

@@ -47,6 +47,11 @@ class StackError(TritonshipError):
     """The embedded stack could not start or stop."""
 
 
+def gpu_visible() -> bool:
+    """An NVIDIA driver is installed (its nvidia-smi is): Triton may then report GPU metrics."""
+    return shutil.which("nvidia-smi") is not None
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -373,7 +378,7 @@ class EmbeddedStack:
                 f"--metrics-port={ports[2]}",
                 "--http-address=127.0.0.1",
                 "--grpc-address=127.0.0.1",
-                "--allow-gpu-metrics=false",
+                f"--allow-gpu-metrics={'true' if gpu_visible() else 'false'}",  # nv_gpu_* for the reports
                 "--allow-cpu-metrics=true",
                 "--exit-timeout-secs=5",
                 "--log-verbose=0",

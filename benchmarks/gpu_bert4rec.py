@@ -1,0 +1,274 @@
+"""The users' BERT4Rec ensemble on a GPU: released through the real steps, then served as the users had it
+(the default) against the config `tritonship tune` chose.
+
+    python3 benchmarks/gpu_bert4rec.py --precision fp16             # on the GPU machine (gpu_served_speed.sh)
+    .venv/bin/python benchmarks/gpu_bert4rec.py --device cpu --size demo --rates 100 --concurrency 1 4   # smoke
+
+The release: build the ensemble bundle (catalogue ids -> bert4rec_pre -> BERT4Rec -> bert4rec_post; the
+model at the users' size, 50,000 items, hidden 256, 2 layers, 4 heads, sequence length 200, top-10, with
+random weights; exported with the default method and compiled to TorchScript on `--device` at
+`--precision`), publish it to the embedded S3, stage it dark on the gate (accuracy against the eager
+reference), tune it (one setting for every member, at concurrency `--tune-concurrency`), gate it (a first
+release: the absolute limit p99 <= `--max-p99-ms` at that load) and promote it to the production replica.
+
+Then, on that replica, for each serving config (the users': max_batch_size 1, one instance, no dynamic
+batching; and the tuned one) and each served form of the model step (compiled TorchScript; with `--eager`
+also the eager nn.Module, loaded through Triton's load API with its files): a request-rate sweep and a
+concurrency sweep with perf_analyzer over HTTP (perf_analyzer 2.51 sends no headers over gRPC, where the
+stack's admin APIs, model-config among them, are locked). Per point: throughput, p99,
+the GPU's utilisation and memory (Triton's metrics endpoint; NVML when Triton reports none) and, per
+ensemble step, its mean queue and compute time and batch size (Triton's statistics API): where the time goes.
+Writes benchmarks/results/gpu_bert4rec_<device>_<precision>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from components import ensemble, model_config, perf, server_metrics
+from components.gate import gate
+from components.model_config import ServingSettings
+from components.promote import promote
+from components.publish import publish
+from components.replicas import Replica
+from components.repository import ModelRepository
+from components.settings import RELAXED_STABILITY_PCT, GateSettings, Thresholds
+from components.stage import read_candidate, stage
+from components.triton_admin import TritonAdmin
+from components.tune import TuneSettings, tune
+from pipelines.samples import bert4rec
+from pipelines.stack import EmbeddedStack
+
+HERE = Path(__file__).parent
+USERS_DEFAULT = ServingSettings(max_batch_size=1, dynamic_batching=False, instance_count=1)  # as the users had it
+WINDOW_MS = 1000
+
+
+def load_ensemble(
+    admin: TritonAdmin, repo: ModelRepository, name: str, settings: ServingSettings | None, eager: dict | None = None
+) -> None:
+    """(Re)load the promoted ensemble on a replica: every member with `settings` (None: as promoted), the
+    model step as the eager module when `eager` gives its files."""
+    config, _ = repo.desired_config(name)
+    members = {m: repo.desired_config(m)[0] for m in ensemble.member_names(config)}
+    if settings is not None:
+        config, members = ensemble.with_serving_settings(config, members, settings)
+    admin.unload(name)
+    for member, member_config in members.items():
+        files = None
+        if eager is not None and member.endswith("_model"):
+            member_config = model_config.mc.ModelConfig.FromString(member_config.SerializeToString())
+            for key, value in eager["parameters"].items():
+                member_config.parameters[key].string_value = value
+            files = eager["files"]
+        admin.load(member, member_config, files)
+        admin.wait_ready(member)
+    admin.load(name, config)
+    admin.wait_ready(name)
+
+
+def eager_files(factory: str, precision: str, version: int) -> dict:
+    """The eager nn.Module as the model step: benchmarks/served/eager_model.py and the factory's weights."""
+    module, _, function = factory.partition(":")
+    model = getattr(__import__(module, fromlist=[function]), function)()
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.save(model.state_dict(), Path(tmp) / "state_dict.pt")
+        weights = (Path(tmp) / "state_dict.pt").read_bytes()
+    return {
+        "parameters": {"factory": factory, "precision": precision},
+        "files": {
+            f"file:{version}/model.py": (HERE / "served" / "eager_model.py").read_bytes(),
+            f"file:{version}/state_dict.pt": weights,
+        },
+    }
+
+
+@contextlib.contextmanager
+def gpu_sampler(metrics_url: str) -> Iterator[dict]:
+    """Triton's metrics while the block runs; the GPU's own figures (NVML) beside them when Triton has none."""
+    figures: dict = {}
+    nvml_samples: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def nvml() -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # no NVML here (a CPU machine)
+            return
+        while not stop.wait(0.25):
+            nvml_samples.append(
+                (pynvml.nvmlDeviceGetUtilizationRates(handle).gpu, pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+            )
+
+    thread = threading.Thread(target=nvml, daemon=True)
+    thread.start()
+    with server_metrics.Sampler(metrics_url) as sampler:
+        yield figures
+    stop.set()
+    thread.join(timeout=2)
+    figures.update(sampler.summary())
+    if "gpu_util_pct_mean" not in figures and nvml_samples:
+        figures["nvml_gpu_util_pct_mean"] = statistics.mean(u for u, _ in nvml_samples)
+        figures["nvml_gpu_memory_gib_max"] = max(m for _, m in nvml_samples) / 2**30
+
+
+def step_breakdown(before: dict, after: dict) -> dict:
+    """Per model, from two readings of Triton's statistics: requests, mean batch size, mean queue and
+    compute (input, infer, output) microseconds per request."""
+    old = {m["name"]: m for m in before.get("model_stats", [])}
+    out = {}
+    for now in after.get("model_stats", []):
+        was = old.get(now["name"], {})
+
+        def delta(stat: str, key: str = "ns", now: dict = now, was: dict = was) -> float:
+            return float(now.get("inference_stats", {}).get(stat, {}).get(key, 0)) - float(
+                was.get("inference_stats", {}).get(stat, {}).get(key, 0)
+            )
+
+        count = delta("success", "count")
+        executions = float(now.get("execution_count", 0)) - float(was.get("execution_count", 0))
+        if count > 0:
+            compute_ns = delta("compute_input") + delta("compute_infer") + delta("compute_output")
+            out[now["name"]] = {
+                "requests": int(count),
+                "mean_batch": round(count / executions, 2) if executions else None,
+                "queue_us": round(delta("queue") / count / 1000, 1),
+                "compute_us": round(compute_ns / count / 1000, 1),
+            }
+    return out
+
+
+def measure_point(server, name: str, data: Path, load: perf.LoadSettings) -> dict:
+    admin = TritonAdmin(server.http_url)
+    before = admin.statistics()
+    with gpu_sampler(server.metrics_url) as gpu:
+        run = perf.measure(admin.url, name, data, load, timeout=120)
+    after = admin.statistics()
+    point = run.points[0] if run.ok else None
+    return {
+        "concurrency": None if load.request_rate else load.concurrency,
+        "request_rate": load.request_rate, "ok": run.ok, "reason": "" if run.ok else run.reason,
+        "throughput": point.throughput if point else None,
+        "p99_ms": float(np.percentile(run.latencies_us, 99)) / 1000 if run.latencies_us.size else None,
+        "server_queue_us": point.server_queue_us if point else None,
+        "server_compute_us": point.server_compute_us if point else None,
+        "gpu": gpu, "steps": step_breakdown(before, after),
+    }  # fmt: skip
+
+
+def sweep(server, name: str, data: Path, args) -> list[dict]:
+    steady = {"window_ms": WINDOW_MS, "stability_pct": RELAXED_STABILITY_PCT}
+    loads = [perf.LoadSettings(request_rate=r, **steady) for r in args.rates]
+    loads += [perf.LoadSettings(concurrency=c, **steady) for c in args.concurrency]
+    points = []
+    for load in loads:
+        points.append(measure_point(server, name, data, load))
+        p = points[-1]
+        at = f"rate {p['request_rate']:g}" if p["request_rate"] else f"conc {p['concurrency']}"
+        print(f"    {at:<11} {p['throughput'] or 0:>9,.0f} infer/s  p99 {p['p99_ms'] or 0:7.2f} ms "
+              f"{p['reason']}", flush=True)  # fmt: skip
+    return points
+
+
+def best_within(points: list[dict], max_p99_ms: float) -> dict | None:
+    within = [p for p in points if p["ok"] and p["p99_ms"] is not None and p["p99_ms"] <= max_p99_ms]
+    return max(within, key=lambda p: p["throughput"], default=None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--precision", default="fp16", choices=("fp32", "fp16"))
+    parser.add_argument("--size", default="users", choices=("users", "demo"))
+    parser.add_argument("--rates", type=float, nargs="+", default=[1500, 3000, 6000, 10000, 15000, 20000])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 128])
+    parser.add_argument("--tune-concurrency", type=int, default=64)
+    parser.add_argument("--tune-budget", type=int, default=10)
+    parser.add_argument("--max-p99-ms", type=float, default=4.0)
+    parser.add_argument("--eager", action="store_true", help="also measure the eager nn.Module as the model step")
+    args = parser.parse_args()
+    factory = "users_v1" if args.size == "users" else "bert4rec_v1"
+    name = f"b4r_{args.precision}"
+    report: dict = {"arguments": vars(args), "torch": torch.__version__, "cpus": os.cpu_count(),
+                    "machine": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"}  # fmt: skip
+    out = HERE / "results" / f"gpu_bert4rec_{args.device.split(':')[0]}_{args.precision}.json"
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=1, gate=True) as stack:
+        repo_uri = f"s3://{stack.bucket}"
+        t = time.monotonic()
+        bundle = bert4rec.build_bundle(Path(tmp) / "bundle", factory, name, args.device, args.precision)
+        report["build_seconds"] = time.monotonic() - t
+        version = publish(bundle, repo_uri, "gpu-bench", s3=stack.s3).version
+        staged = stage(repo_uri, name, version, stack.gate.http_url, s3=stack.s3, run_id="gpu-bench")
+        report["stage"] = json.loads(staged.to_json())
+        print(f"staged v{version}: accuracy {'passed' if staged.accuracy_passed else 'FAILED'}", flush=True)
+        load = perf.LoadSettings(concurrency=args.tune_concurrency, window_ms=WINDOW_MS,
+                                 stability_pct=RELAXED_STABILITY_PCT)  # fmt: skip
+        tuning = tune(repo_uri, name, version, stack.gate.http_url,
+                      TuneSettings(load=load, max_p99_ms=args.max_p99_ms, budget=args.tune_budget,
+                                   instance_counts=(1, 2, 4)),
+                      s3=stack.s3, run_id="gpu-bench", metrics_url=stack.gate.metrics_url)  # fmt: skip
+        report["tuning"] = json.loads(tuning.to_json())
+        print(f"tuned: {tuning.chosen} ({tuning.confirmation or 'the default'})", flush=True)
+        gating = GateSettings(concurrency=args.tune_concurrency, window_ms=WINDOW_MS,
+                              thresholds=Thresholds(max_p99_ms=args.max_p99_ms, max_p99_regression_pct=None,
+                                                    max_throughput_regression_pct=None))  # fmt: skip
+        verdict = gate(repo_uri, name, version, stack.gate.http_url, gating, staged, s3=stack.s3, run_id="gpu-bench",
+                       tuning=tuning, metrics_url=stack.gate.metrics_url)  # fmt: skip
+        report["gate"] = {"verdict": verdict.verdict, "reasons": verdict.reasons, "rounds": verdict.rounds,
+                          "server": verdict.server}  # fmt: skip
+        print(f"gate: {verdict.verdict}: {'; '.join(verdict.reasons)}", flush=True)
+        server = stack.replicas[0]
+        if verdict.verdict == "pass":
+            promote(repo_uri, name, version, [Replica(server.name, server.http_url)], "pass", stack.gate.http_url,
+                    tuning.chosen, s3=stack.s3, run_id="gpu-bench")  # fmt: skip
+            print("promoted to", server.name, flush=True)
+        repo = ModelRepository(repo_uri, stack.s3)
+        candidate = read_candidate(repo, name, version)
+        if verdict.verdict != "pass":  # not promoted; installed by hand and measured all the same, to say why
+            for member, config in candidate.production_configs().items():
+                repo.copy_to_production(member, version)
+                repo.write_desired_config(member, config, None)
+        data = perf.write_input_data(candidate.golden_inputs, Path(tmp) / "input.json", batched=True)
+        forms = {"torchscript": None}
+        if args.eager:
+            forms["eager"] = eager_files(f"pipelines.samples.bert4rec:{factory}", args.precision, version)
+        report["configs"] = []
+        admin = TritonAdmin(server.http_url, load_timeout=300)
+        for form, eager in forms.items():
+            for label, settings in (("users' default", USERS_DEFAULT), ("tuned", tuning.chosen)):
+                print(f"  {form}, {label}: {settings}", flush=True)
+                load_ensemble(admin, repo, name, settings, eager)
+                points = sweep(server, name, data, args)
+                report["configs"].append({"form": form, "config": label, "settings": settings.__dict__,
+                                          "points": points, "best_within_p99": best_within(points, args.max_p99_ms)})  # fmt: skip
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(report | {"seconds": time.monotonic() - started}, indent=2, default=str))
+    print(f"\n{'form':<12} {'config':<15} {'best infer/s with p99 <= ' + str(args.max_p99_ms) + ' ms':>34}")
+    for c in report["configs"]:
+        best = c["best_within_p99"]
+        figure = "-" if best is None else f"{best['throughput']:,.0f} (p99 {best['p99_ms']:.2f} ms)"
+        print(f"{c['form']:<12} {c['config']:<15} {figure:>34}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
