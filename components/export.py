@@ -319,7 +319,10 @@ class ExportedModel:
         """The exported model on `device`; with `prefer_torchscript`, the eager module's trace if export made one."""
         traced = self.path / (self.info.get("torchscript") or "")
         if prefer_torchscript and traced.is_file():
-            return torch.jit.load(str(traced), map_location=device).eval()
+            module = torch.jit.load(str(traced), map_location=device).eval()
+            if torch.device(device).type != "cpu":
+                _retarget_devices(module, device)
+            return module
         if self.artifact.name == EXPORTED_PROGRAM_FILE:
             program = torch.export.load(str(self.artifact))
             if device != "cpu":
@@ -329,6 +332,19 @@ class ExportedModel:
                 program = move_to_device_pass(program, device)
             return program.module()
         return torch.jit.load(str(self.artifact), map_location=device).eval()
+
+
+def _retarget_devices(module: torch.jit.ScriptModule, device: str) -> None:
+    """A trace keeps the devices it ran on as constants (`torch.arange(n, device=x.device)`, transformers'
+    `mask.to(cpu)`): traced on the CPU at export, they would leave tensors there on a GPU. map_location
+    moves parameters only, so every CPU device constant of every method is pointed at `device`, before
+    the methods first run (when TorchScript compiles their graphs)."""
+    target = str(torch.device(device))
+    for sub in module.modules():
+        for name in sub._c._method_names():
+            for node in sub._c._get_method(name).graph.findAllNodes("prim::Constant"):
+                if node.output().type().kind() == "DeviceObjType" and node.s("value") == "cpu":
+                    node.s_("value", target)
 
 
 def read_export(path: Path) -> ExportedModel:

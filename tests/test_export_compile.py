@@ -386,3 +386,20 @@ def test_cli_export_compile_and_bad_input_exit_codes(tmp_path):
     assert failed.stderr.startswith("error:") and "Traceback" not in failed.stderr
     assert not (tmp_path / "g").exists()
     shutil.rmtree(tmp_path / "e")
+
+
+def test_a_trace_made_on_the_cpu_is_pointed_at_the_compile_device(tmp_path):
+    """BERT4Rec's trace keeps the CPU it was traced on (torch.arange(device=x.device), transformers'
+    mask.to(cpu)); compiling on a GPU retargets those constants (the cuda case runs in the gpu tests)."""
+    from components.export import _retarget_devices
+
+    module = torch.jit.load(str(read_export(_export(tmp_path, "bert4rec")).path / "model.ts"))
+
+    def devices() -> list[str]:
+        return [node.s("value") for sub in module.modules() for name in sub._c._method_names()
+                for node in sub._c._get_method(name).graph.findAllNodes("prim::Constant")
+                if node.output().type().kind() == "DeviceObjType"]  # fmt: skip
+
+    assert devices() and set(devices()) == {"cpu"}
+    _retarget_devices(module, "cuda:0")
+    assert set(devices()) == {"cuda:0"}
