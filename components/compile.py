@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from components import log, model_folder
+from components import log, model_folder, trace_retarget
 from components.errors import TritonshipError
 from components.export import ExportedModel, read_export
 from components.model_config import validate_model_name
@@ -124,6 +124,8 @@ class _HalfPrecision(nn.Module):
 
     def __init__(self, model: nn.Module, output_dtypes: list[torch.dtype]) -> None:
         super().__init__()
+        if isinstance(model, torch.jit.ScriptModule):  # a trace keeps the fp32 it was traced in
+            trace_retarget.point_at_dtype(model, torch.float32, torch.float16)
         self.model = model.half()
         self.output_dtypes = output_dtypes
 

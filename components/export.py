@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from components import log
+from components import log, trace_retarget
 from components.model_folder import load_checks, load_golden, save_checks, save_golden
 from components.model_source import ExportError, first_line, load_model
 from components.s3repo import S3Settings
@@ -321,7 +321,7 @@ class ExportedModel:
         if prefer_torchscript and traced.is_file():
             module = torch.jit.load(str(traced), map_location=device).eval()
             if torch.device(device).type != "cpu":
-                _retarget_devices(module, device)
+                trace_retarget.point_at_device(module, device)
             return module
         if self.artifact.name == EXPORTED_PROGRAM_FILE:
             program = torch.export.load(str(self.artifact))
@@ -332,19 +332,6 @@ class ExportedModel:
                 program = move_to_device_pass(program, device)
             return program.module()
         return torch.jit.load(str(self.artifact), map_location=device).eval()
-
-
-def _retarget_devices(module: torch.jit.ScriptModule, device: str) -> None:
-    """A trace keeps the devices it ran on as constants (`torch.arange(n, device=x.device)`, transformers'
-    `mask.to(cpu)`): traced on the CPU at export, they would leave tensors there on a GPU. map_location
-    moves parameters only, so every CPU device constant of every method is pointed at `device`, before
-    the methods first run (when TorchScript compiles their graphs)."""
-    target = str(torch.device(device))
-    for sub in module.modules():
-        for name in sub._c._method_names():
-            for node in sub._c._get_method(name).graph.findAllNodes("prim::Constant"):
-                if node.output().type().kind() == "DeviceObjType" and node.s("value") == "cpu":
-                    node.s_("value", target)
 
 
 def read_export(path: Path) -> ExportedModel:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from components import model_config, model_folder
+from components import model_config, model_folder, trace_retarget
 from components.compile import CompileError, ParityError, compile_model, tensorrt_compile_settings
 from components.export import ExportError, export, read_export
 from components.parity import Tolerance, compare
@@ -388,18 +388,30 @@ def test_cli_export_compile_and_bad_input_exit_codes(tmp_path):
     shutil.rmtree(tmp_path / "e")
 
 
-def test_a_trace_made_on_the_cpu_is_pointed_at_the_compile_device(tmp_path):
-    """BERT4Rec's trace keeps the CPU it was traced on (torch.arange(device=x.device), transformers'
-    mask.to(cpu)); compiling on a GPU retargets those constants (the cuda case runs in the gpu tests)."""
-    from components.export import _retarget_devices
+def test_a_trace_made_on_the_cpu_in_fp32_is_pointed_at_the_compile_device_and_precision(tmp_path):
+    """BERT4Rec's trace keeps the CPU and the fp32 it was traced with (torch.arange(device=x.device),
+    transformers' mask.to(cpu) and .to(float32)); compiling for a GPU in fp16 rewrites those constants. Here
+    the fp16 trace runs on the CPU and must answer like the fp32 one (the cuda case runs in the gpu tests)."""
+    from components.trace_retarget import point_at_device, point_at_dtype
 
-    module = torch.jit.load(str(read_export(_export(tmp_path, "bert4rec")).path / "model.ts"))
+    trace = read_export(_export(tmp_path, "bert4rec")).path / "model.ts"
+    module = torch.jit.load(str(trace)).eval()
 
     def devices() -> list[str]:
-        return [node.s("value") for sub in module.modules() for name in sub._c._method_names()
-                for node in sub._c._get_method(name).graph.findAllNodes("prim::Constant")
-                if node.output().type().kind() == "DeviceObjType"]  # fmt: skip
+        return [node.s("value") for graph in trace_retarget._graphs(module)
+                for node in graph.findAllNodes("prim::Constant") if node.output().type().kind() == "DeviceObjType"]  # fmt: skip
 
-    assert devices() and set(devices()) == {"cpu"}
-    _retarget_devices(module, "cuda:0")
+    assert set(devices()) == {"cpu"}
+    assert point_at_device(module, "cuda:0") == len(devices()) > 0
     assert set(devices()) == {"cuda:0"}
+
+    torch.manual_seed(0)
+    half = torch.jit.load(str(trace)).eval()
+    assert point_at_dtype(half, torch.float32, torch.float16) > 0
+    items = torch.randint(1, 500, (4, 40))
+    position = torch.full((4, 1), 39)
+    indices, scores = half.half()(items, position)
+    want_indices, want_scores = torch.jit.load(str(trace)).eval()(items, position)
+    assert scores.dtype == torch.float16
+    torch.testing.assert_close(scores.float(), want_scores, rtol=2e-2, atol=2e-2)
+    assert (indices == want_indices).float().mean() >= 0.9  # fp16 may swap near-ties

@@ -1,0 +1,58 @@
+"""Pointing a TorchScript trace at another device or float dtype than it was traced with.
+
+A trace keeps the devices and dtypes it ran with as constants: `torch.arange(n, device=x.device)`,
+transformers' `mask.to(torch.float32)`. The export step traces on the CPU in fp32; `map_location` and
+`.half()` move parameters only, so on a GPU or in fp16 those constants would leave tensors on the CPU or
+in fp32 ("expected scalar type Float but found Half"). Both rewrites act on every method's graph and must
+run before the methods first run (when TorchScript compiles their graphs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+# TorchScript's integer codes of torch's dtypes (c10::ScalarType)
+_SCALAR_TYPE = {torch.float32: 6, torch.float16: 5, torch.bfloat16: 15}
+
+
+def _graphs(module: torch.jit.ScriptModule) -> Iterator[torch.Graph]:
+    for sub in module.modules():
+        for name in sub._c._method_names():
+            yield sub._c._get_method(name).graph
+
+
+def point_at_device(module: torch.jit.ScriptModule, device: str) -> int:
+    """Every CPU device constant becomes `device`; returns how many there were."""
+    target, changed = str(torch.device(device)), 0
+    for graph in _graphs(module):
+        for node in graph.findAllNodes("prim::Constant"):
+            if node.output().type().kind() == "DeviceObjType" and node.s("value") == "cpu":
+                node.s_("value", target)
+                changed += 1
+    return changed
+
+
+def point_at_dtype(module: torch.jit.ScriptModule, source: torch.dtype, target: torch.dtype) -> int:
+    """Every constant `source` passed as an operator's `dtype` argument becomes `target`; returns how many.
+    The argument gets a new constant: the old one may also be an ordinary integer elsewhere in the graph."""
+    changed = 0
+    for graph in _graphs(module):
+        for node in graph.nodes():
+            schema = node.schema()
+            if schema == "(no schema)":
+                continue
+            for index, (argument, value) in enumerate(
+                zip(torch._C.parse_schema(schema).arguments, node.inputs(), strict=False)
+            ):
+                if (
+                    argument.name == "dtype"
+                    and value.node().kind() == "prim::Constant"
+                    and value.type().kind() == "IntType"
+                    and value.toIValue() == _SCALAR_TYPE[source]
+                ):
+                    with graph.insert_point_guard(node):
+                        node.replaceInput(index, graph.insertConstant(_SCALAR_TYPE[target]))
+                    changed += 1
+    return changed
