@@ -3,7 +3,8 @@
 A trace keeps the devices and dtypes it ran with as constants: `torch.arange(n, device=x.device)`,
 transformers' `mask.to(torch.float32)`. The export step traces on the CPU in fp32; `map_location` and
 `.half()` move parameters only, so on a GPU or in fp16 those constants would leave tensors on the CPU or
-in fp32 ("expected scalar type Float but found Half"). Both rewrites act on every method's graph and must
+in fp32 ("expected scalar type Float but found Half"), and masks filled with fp32's lowest value would
+overflow fp16. Both rewrites act on every method's graph and must
 run before the methods first run (when TorchScript compiles their graphs).
 """
 
@@ -35,10 +36,17 @@ def point_at_device(module: torch.jit.ScriptModule, device: str) -> int:
 
 
 def point_at_dtype(module: torch.jit.ScriptModule, source: torch.dtype, target: torch.dtype) -> int:
-    """Every constant `source` passed as an operator's `dtype` argument becomes `target`; returns how many.
-    The argument gets a new constant: the old one may also be an ordinary integer elsewhere in the graph."""
+    """Every constant `source` passed as an operator's `dtype` argument becomes `target`, and `source`'s
+    smallest and largest values (the masks' "minus infinity", torch.finfo(dtype).min) become `target`'s,
+    which would not fit it otherwise; returns how many constants changed. A dtype argument gets a new
+    constant: the old one may also be an ordinary integer elsewhere in the graph."""
+    extremes = {torch.finfo(source).min: torch.finfo(target).min, torch.finfo(source).max: torch.finfo(target).max}
     changed = 0
     for graph in _graphs(module):
+        for node in graph.findAllNodes("prim::Constant"):
+            if node.output().type().kind() == "FloatType" and node.f("value") in extremes:
+                node.f_("value", extremes[node.f("value")])
+                changed += 1
         for node in graph.nodes():
             schema = node.schema()
             if schema == "(no schema)":

@@ -408,6 +408,10 @@ def test_a_trace_made_on_the_cpu_in_fp32_is_pointed_at_the_compile_device_and_pr
     torch.manual_seed(0)
     half = torch.jit.load(str(trace)).eval()
     assert point_at_dtype(half, torch.float32, torch.float16) > 0
+    floats = {node.f("value") for graph in trace_retarget._graphs(half) for node in graph.findAllNodes("prim::Constant")
+              if node.output().type().kind() == "FloatType"}  # fmt: skip
+    # the attention mask's fill, fp32's lowest value, would overflow fp16
+    assert torch.finfo(torch.float16).min in floats and torch.finfo(torch.float32).min not in floats
     items = torch.randint(1, 500, (4, 40))
     position = torch.full((4, 1), 39)
     indices, scores = half.half()(items, position)
