@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from components.parity import Tolerance
+
 HERE = Path(__file__).parent
 TOP_K = 10
 
@@ -125,6 +127,11 @@ def bert4rec_v3_slow() -> nn.Module:
     return BERT4Rec(dataclasses.replace(DEMO, layers=8, hidden=128, heads=4), seed=2).eval()
 
 
+# Random weights spread 50,000 items' scores thinly (about 2e-5 each): fp16 swaps near-tied neighbours in the
+# top 10 for up to a quarter of the indices while their scores agree within 2e-3 (measured on the H200).
+USERS_FP16_TOLERANCE = Tolerance.for_precision("fp16", int_mismatch=0.25)
+
+
 def users_v1() -> nn.Module:
     """The users' size: 50,000 items, hidden 256, 2 layers, 4 heads, sequence length 200."""
     return BERT4Rec(USERS, seed=0).eval()
@@ -142,11 +149,16 @@ def histories(count: int, seed: int = 0, size: Size = DEMO) -> np.ndarray:
 
 
 def build_bundle(
-    out: Path, factory: str = "bert4rec_v1", name: str = "bert4rec", device: str = "cpu", precision: str = "fp32"
+    out: Path,
+    factory: str = "bert4rec_v1",
+    name: str = "bert4rec",
+    device: str = "cpu",
+    precision: str = "fp32",
+    tolerance: Tolerance | None = None,
 ) -> Path:
     """Export (default method) and compile the model (TorchScript, python flavour for the embedded Triton;
-    on `device` at `precision`), then assemble the release bundle with the pre- and postprocessing steps.
-    The size is the factory's model's."""
+    on `device` at `precision`, checked at `tolerance`, else the precision's), then assemble the release
+    bundle with the pre- and postprocessing steps. The size is the factory's model's."""
     from components.compile import compile_model
     from components.ensemble import Step, assemble
     from components.export import export
@@ -159,7 +171,7 @@ def build_bundle(
         (work / "signature.json").write_text(json.dumps(signatures["model"]))
         export(f"pipelines.samples.bert4rec:{factory}", work / "signature.json", work / "export")
         compile_model(work / "export", work / f"{name}_model", f"{name}_model", precision=precision, device=device,
-                      flavour="python")  # fmt: skip
+                      flavour="python", tolerance=tolerance)  # fmt: skip
         steps = []
         for role in ("pre", "post"):
             directory = work / f"{name}_{role}"
