@@ -13,10 +13,10 @@ How it measures (docs/design.md section 4)
 How it decides
     After each round every limit's effect gets an interval (gate_stats): fail as soon as one lies
     wholly beyond its limit, pass once all lie wholly within, otherwise another round, until the
-    time budget is spent: only then inconclusive. The budget is the whole decision's (loading the stable
-    version and warming up count), so `budget_s` bounds what a release waits for a verdict. A round whose perf_analyzer exits 2 anyway is
-    measured again (at most `max_attempts` times, within the budget); every attempt is recorded in
-    verdict.json.
+    time budget is spent: only then inconclusive. The budget is the whole decision's (loading the
+    stable version and warming up count), so `budget_s` bounds what a release waits for a verdict. A
+    round whose perf_analyzer exits 2 anyway is measured again (at most `max_attempts` times, within
+    the budget); every attempt is recorded in verdict.json.
 
 Fail closed: only `pass` promotes.
 - fail: the accuracy check failed, a limit is broken, perf_analyzer is missing, crashed, found no
