@@ -392,8 +392,6 @@ def test_a_trace_made_on_the_cpu_in_fp32_is_pointed_at_the_compile_device_and_pr
     """BERT4Rec's trace keeps the CPU and the fp32 it was traced with (torch.arange(device=x.device),
     transformers' mask.to(cpu) and .to(float32)); compiling for a GPU in fp16 rewrites those constants. Here
     the fp16 trace runs on the CPU and must answer like the fp32 one (the cuda case runs in the gpu tests)."""
-    from components.trace_retarget import point_at_device, point_at_dtype
-
     trace = read_export(_export(tmp_path, "bert4rec")).path / "model.ts"
     module = torch.jit.load(str(trace)).eval()
 
@@ -402,12 +400,12 @@ def test_a_trace_made_on_the_cpu_in_fp32_is_pointed_at_the_compile_device_and_pr
                 for node in graph.findAllNodes("prim::Constant") if node.output().type().kind() == "DeviceObjType"]  # fmt: skip
 
     assert set(devices()) == {"cpu"}
-    assert point_at_device(module, "cuda:0") == len(devices()) > 0
+    assert trace_retarget.point_at_device(module, "cuda:0") == len(devices()) > 0
     assert set(devices()) == {"cuda:0"}
 
     torch.manual_seed(0)
     half = torch.jit.load(str(trace)).eval()
-    assert point_at_dtype(half, torch.float32, torch.float16) > 0
+    assert trace_retarget.point_at_dtype(half, torch.float32, torch.float16) > 0
     floats = {node.f("value") for graph in trace_retarget._graphs(half) for node in graph.findAllNodes("prim::Constant")
               if node.output().type().kind() == "FloatType"}  # fmt: skip
     # the attention mask's fill, fp32's lowest value, would overflow fp16
