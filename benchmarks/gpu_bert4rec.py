@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components import ensemble, model_config, perf, server_metrics
+from components import ensemble, perf, server_metrics
 from components.gate import gate
 from components.model_config import ServingSettings
 from components.promote import promote
@@ -69,18 +69,13 @@ def load_ensemble(
     members = {m: repo.desired_config(m)[0] for m in ensemble.member_names(config)}
     if settings is not None:
         config, members = ensemble.with_serving_settings(config, members, settings)
-    admin.unload(name)
-    for member, member_config in members.items():
-        files = None
-        if eager is not None and member.endswith("_model"):
-            member_config = model_config.mc.ModelConfig.FromString(member_config.SerializeToString())
-            for key, value in eager["parameters"].items():
-                member_config.parameters[key].string_value = value
-            files = eager["files"]
-        admin.load(member, member_config, files)
-        admin.wait_ready(member)
-    admin.load(name, config)
-    admin.wait_ready(name)
+    files = {}
+    if eager is not None:
+        model_step = next(m for m in members if m.endswith("_model"))  # its config was read for this load alone
+        for key, value in eager["parameters"].items():
+            members[model_step].parameters[key].string_value = value
+        files[model_step] = eager["files"]
+    admin.reload_ensemble(name, config, members, files=files)
 
 
 def eager_files(factory: str, precision: str, version: int) -> dict:

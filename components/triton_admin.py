@@ -102,6 +102,24 @@ class TritonAdmin:
         for step in steps:
             self.unload(step["model_name"])
 
+    def reload_ensemble(
+        self,
+        model: str,
+        config: ModelConfig,
+        members: Mapping[str, ModelConfig],
+        version: int | str = "",
+        files: Mapping[str, Mapping[str, bytes]] | None = None,
+    ) -> None:
+        """Reload an ensemble with new member configs: the ensemble is unloaded first (a member's
+        max_batch_size may drop below the ensemble's, which Triton refuses while the ensemble is loaded),
+        then each member is loaded (with its `files`, if any) and waited for, then the ensemble."""
+        self.unload(model)
+        for name, member in members.items():
+            self.load(name, member, (files or {}).get(name))
+            self.wait_ready(name, version)
+        self.load(model, config)
+        self.wait_ready(model, version)
+
     def is_ready(self, model: str, version: int | str = "") -> bool:
         """False for a model (version) that is not ready; TritonUnreachable if the server does not answer."""
         try:

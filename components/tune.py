@@ -158,12 +158,7 @@ class GateBench:
             return
         members = {c.name: c for c in self.candidate.member_candidate_configs()}
         entry, tuned = ensemble.with_serving_settings(self.candidate.candidate_config(), members, settings)
-        self.admin.unload(self.name)  # the ensemble first: its members' max_batch_size may drop below its own
-        for name, config in tuned.items():
-            self.admin.load(name, config)
-            self.admin.wait_ready(name, version)
-        self.admin.load(self.name, entry)
-        self.admin.wait_ready(self.name, version)
+        self.admin.reload_ensemble(self.name, entry, tuned, version)
 
     def measure(self, settings: ServingSettings) -> Trial:
         trial = Trial(settings)
