@@ -44,10 +44,6 @@ class Size:
     heads: int = 2
     max_batch: int = 16
 
-    @property
-    def mask(self) -> int:
-        return self.items + 1
-
     def catalogue_ids(self) -> list[int]:
         """What clients know items by; item id i is vocabulary index i + 1."""
         return [20_000 + 13 * i for i in range(self.items)]
