@@ -8,12 +8,14 @@ The release: build the ensemble bundle (catalogue ids -> bert4rec_pre -> BERT4Re
 model at the users' size, 50,000 items, hidden 256, 2 layers, 4 heads, sequence length 200, top-10, with
 random weights; exported with the default method and compiled to TorchScript on `--device` at
 `--precision`), publish it to the embedded S3, stage it dark on the gate (accuracy against the eager
-reference), tune it (one setting for every member, at concurrency `--tune-concurrency`), gate it (a first
+reference), tune it (one setting for every member, the pre/post steps with an instance count of their own, at
+concurrency `--tune-concurrency`), gate it (a first
 release: the absolute limit p99 <= `--max-p99-ms` at that load) and promote it to the production replica.
 
 Then, on that replica, for each serving config (the users': max_batch_size 1, one instance, no dynamic
 batching; and the tuned one) and each served form of the model step (compiled TorchScript; with `--eager`
-also the eager nn.Module, loaded through Triton's load API with its files): a request-rate sweep and a
+also the eager nn.Module, loaded through Triton's load API with its files): a warm-up run that is not
+recorded (the first requests after a load pay for CUDA's and TorchScript's start), then a request-rate sweep and a
 concurrency sweep with perf_analyzer over HTTP (perf_analyzer 2.51 sends no headers over gRPC, where the
 stack's admin APIs, model-config among them, are locked). Per point: throughput, p99,
 the GPU's utilisation and memory (Triton's metrics endpoint; NVML when Triton reports none) and, per
@@ -172,6 +174,7 @@ def measure_point(server, name: str, data: Path, load: perf.LoadSettings) -> dic
 
 def sweep(server, name: str, data: Path, args) -> list[dict]:
     steady = {"window_ms": WINDOW_MS, "stability_pct": RELAXED_STABILITY_PCT}
+    perf.measure(server.http_url, name, data, perf.LoadSettings(concurrency=max(args.concurrency), **steady))  # warm-up
     loads = [perf.LoadSettings(request_rate=r, max_threads=RATE_THREADS, **steady) for r in args.rates]
     loads += [perf.LoadSettings(concurrency=c, **steady) for c in args.concurrency]
     points = []
@@ -194,9 +197,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--precision", default="fp16", choices=("fp32", "fp16"))
     parser.add_argument("--size", default="users", choices=("users", "demo"))
-    parser.add_argument("--rates", type=float, nargs="+", default=[1500, 3000, 6000, 10000, 15000])
+    parser.add_argument("--rates", type=float, nargs="+", default=[3000, 10000, 20000])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
-    parser.add_argument("--tune-concurrency", type=int, default=16)
+    parser.add_argument("--tune-concurrency", type=int, default=64, help="where the pre/post steps are the limit")
     parser.add_argument("--tune-budget", type=int, default=8)
     parser.add_argument("--max-p99-ms", type=float, default=4.0, help="the goal: the best throughput within it")
     parser.add_argument("--gate-p99-ms", type=float, default=50.0, help="the release's limit at the tune load")

@@ -38,6 +38,7 @@ from components.signature import Signature
 
 STEP_FILE = "step.py"
 ENSEMBLE_PLATFORM = "ensemble"
+ROLE_PARAMETER, STEP_ROLE = "tritonship_role", "step"  # marks a pre/post step's config among the members
 
 
 class EnsembleError(TritonshipError):
@@ -62,18 +63,26 @@ def pin_members(config: ModelConfig, version: int, rename: Callable[[str], str] 
     return pinned
 
 
+def is_step(config: ModelConfig) -> bool:
+    """A pre- or post-processing step (as opposed to the model) of an ensemble."""
+    return ROLE_PARAMETER in config.parameters and config.parameters[ROLE_PARAMETER].string_value == STEP_ROLE
+
+
 def with_serving_settings(
     config: ModelConfig, members: dict[str, ModelConfig], settings: ServingSettings
 ) -> tuple[ModelConfig, dict[str, ModelConfig]]:
     """An ensemble served with one set of serving settings: every member takes them (its max_batch_size
-    and preferred batch sizes no larger than it was built for), the ensemble's max_batch_size becomes the
-    smallest of its members' (Triton refuses an ensemble whose batches a member cannot take)."""
+    and preferred batch sizes no larger than it was built for; the pre/post steps `step_instance_count`
+    instances when it is set), the ensemble's max_batch_size becomes the smallest of its members' (Triton
+    refuses an ensemble whose batches a member cannot take)."""
     tuned = {}
     for name, member in members.items():
         own = settings
+        if is_step(member) and settings.step_instance_count is not None:
+            own = replace(own, instance_count=settings.step_instance_count)
         if member.max_batch_size > 0 and settings.max_batch_size is not None:
             cap = min(settings.max_batch_size, member.max_batch_size)
-            own = replace(settings, max_batch_size=cap,
+            own = replace(own, max_batch_size=cap,
                           preferred_batch_sizes=tuple(sorted({min(p, cap) for p in settings.preferred_batch_sizes})))  # fmt: skip
         tuned[name] = with_settings(member, own)
     entry = ModelConfig()
@@ -128,7 +137,9 @@ def write_step(step: Step, folder: Path) -> Path:
     (version_dir / model_folder.PYTHON_MODEL_FILE).write_text(step_source())
     step.signature.save(version_dir / model_folder.SIGNATURE_FILE)
     (version_dir / model_folder.BUILD_FILE).write_text(json.dumps({"kind": "step"}, indent=2))
-    (folder / model_folder.CONFIG_FILE).write_text(to_pbtxt(build(step.name, step.signature, "python")))
+    config = build(step.name, step.signature, "python")
+    config.parameters[ROLE_PARAMETER].string_value = STEP_ROLE
+    (folder / model_folder.CONFIG_FILE).write_text(to_pbtxt(config))
     return folder
 
 

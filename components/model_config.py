@@ -44,6 +44,9 @@ class ServingSettings:
     max_queue_delay_us: int = 0
     preferred_batch_sizes: tuple[int, ...] = ()
     instance_count: int = 1
+    # an ensemble's Python pre/post steps, whose per-request cost is CPU and scales with processes rather
+    # than with the model's instances (None: instance_count; ignored for a single model)
+    step_instance_count: int | None = None
 
 
 def build(

@@ -46,7 +46,7 @@ def tuning_rows(tuning: dict[str, Any] | None) -> list[tuple[str, ...]]:
         if settings == tuning["default"]:
             note = f"default{', ' + note if note else ''}"
         out.append((
-            str(settings["instance_count"]), str(settings["max_batch_size"] or "-"),
+            _instances(settings), str(settings["max_batch_size"] or "-"),
             str(settings["max_queue_delay_us"]) if settings["dynamic_batching"] else "off",
             ",".join(map(str, settings["preferred_batch_sizes"])) or "-",
             _fmt(trial["throughput"], ",.0f"), _fmt(trial["p99_ms"], ".3f"),
@@ -54,6 +54,11 @@ def tuning_rows(tuning: dict[str, Any] | None) -> list[tuple[str, ...]]:
             _fmt(trial.get("server", {}).get("cpu_util_pct_mean"), ".0f"), note,
         ))  # fmt: skip
     return out
+
+
+def _instances(settings: dict[str, Any]) -> str:
+    steps = settings.get("step_instance_count")
+    return str(settings["instance_count"]) + ("" if steps is None else f" (steps {steps})")
 
 
 def tuning_markdown(t: dict[str, Any] | None) -> list[str]:

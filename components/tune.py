@@ -1,6 +1,7 @@
 """Tune step: find the candidate's serving settings on the gate server before it is gated.
 
-Each setting (max_batch_size, dynamic batching delay and preferred batch sizes, instance count) is tried
+Each setting (max_batch_size, dynamic batching delay and preferred batch sizes, instance count, and for an
+ensemble the instance count of its pre/post steps) is tried
 by reloading `<model>__candidate` on the gate through the load API with a config override (S3 is never
 written) and measuring it with perf_analyzer at the gate's load. The chosen setting has the highest
 throughput whose p99 stays within the latency limit: the given one, or else the default setting's p99
@@ -64,10 +65,17 @@ class TuneSettings:
 def default_settings(
     config: model_config.ModelConfig, members: Sequence[model_config.ModelConfig] = ()
 ) -> ServingSettings:
-    """What the compiled model's config.pbtxt serves with; an ensemble's are its first member's, at the
-    ensemble's max_batch_size (tuning serves every member of an ensemble with the same settings)."""
+    """What the compiled model's config.pbtxt serves with; an ensemble's are its model's at the ensemble's
+    max_batch_size, with its pre/post steps' instance count (tuning serves every member of an ensemble
+    with the same settings, the steps with their own instance count)."""
     if members:
-        return dataclasses.replace(default_settings(members[0]), max_batch_size=config.max_batch_size or None)
+        steps = [m for m in members if ensemble.is_step(m)]
+        model = next((m for m in members if not ensemble.is_step(m)), members[0])
+        return dataclasses.replace(
+            default_settings(model),
+            max_batch_size=config.max_batch_size or None,
+            step_instance_count=default_settings(steps[0]).instance_count if steps else None,
+        )
     batching = config.HasField("dynamic_batching")
     return ServingSettings(
         max_batch_size=config.max_batch_size or None,
@@ -99,6 +107,9 @@ def knobs(default: ServingSettings, settings: TuneSettings) -> list[Knob]:
     def instances(c: ServingSettings) -> list[ServingSettings]:
         return [dataclasses.replace(c, instance_count=n) for n in settings.instance_counts]
 
+    def step_instances(c: ServingSettings) -> list[ServingSettings]:
+        return [dataclasses.replace(c, step_instance_count=n) for n in settings.instance_counts]
+
     def max_batch(c: ServingSettings) -> list[ServingSettings]:
         return [
             dataclasses.replace(
@@ -114,9 +125,14 @@ def knobs(default: ServingSettings, settings: TuneSettings) -> list[Knob]:
             for p in ((), preferred_for(c.max_batch_size or 1))
         ]
 
+    # an ensemble's pre/post steps (Python, CPU) get instances of their own: one process each serves a
+    # few thousand requests/s whatever the model's speed (benchmarks/README.md, the users' BERT4Rec)
+    counts: list[Knob] = [("instance_count", instances)]
+    if default.step_instance_count is not None:
+        counts.append(("step_instance_count", step_instances))
     if not largest:  # a model without a batch dimension: only instances can change
-        return [("instance_count", instances)]
-    return [("instance_count", instances), ("max_batch_size", max_batch), ("batching", batching)]
+        return counts
+    return [*counts, ("max_batch_size", max_batch), ("batching", batching)]
 
 
 def grid(default: ServingSettings, settings: TuneSettings) -> list[ServingSettings]:

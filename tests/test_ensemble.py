@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from components.repository import ModelRepository, candidate_name
 from components.settings import Thresholds
 from components.stage import stage
 from components.triton_admin import TritonAdmin
-from components.tune import TuneSettings, tune
+from components.tune import TuneSettings, default_settings, tune
 from pipelines.samples import bert4rec, recsys
 from tests.release_helpers import ABSOLUTE_GATE, TEST_GATE, SteadyClient, replicas, repository, unique
 
@@ -208,10 +209,13 @@ def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, tmp_path, 
                   s3=stack.s3, run_id="b4r")  # fmt: skip
     assert tuning.enabled and len(tuning.trials) >= 3 and all(t.measured for t in tuning.trials), tuning.trials
     members = [f"{name}_pre", f"{name}_model", f"{name}_post"]
+    chosen = tuning.chosen
+    instances = {m: chosen.instance_count if m.endswith("_model") else chosen.step_instance_count for m in members}
+    assert chosen.step_instance_count is not None  # the steps' instances are a knob of their own
     gate_admin = TritonAdmin(stack.gate.http_url)
     for member in members:  # the gate serves every member with the chosen settings
         served = gate_admin.model_config(candidate_name(member))
-        assert served["instance_group"][0]["count"] == tuning.chosen.instance_count
+        assert served["instance_group"][0]["count"] == instances[member]
     verdict = gate(repo_uri, name, version, stack.gate.http_url, ABSOLUTE_GATE, staged, s3=stack.s3, run_id="b4r",
                    tuning=tuning)  # fmt: skip
     assert verdict.verdict == "pass", verdict.reasons
@@ -222,7 +226,7 @@ def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, tmp_path, 
     production = TritonAdmin(stack.replicas[0].http_url)
     for member in members:
         desired = repo.desired_config(member)[0]
-        assert desired.instance_group[0].count == tuning.chosen.instance_count
+        assert desired.instance_group[0].count == instances[member]
         assert production.ready_versions(member) == [version]
     assert production.infer(name, {"history": history}, ["recommended"])["recommended"].shape == (3, bert4rec.TOP_K)
 
@@ -240,3 +244,13 @@ def test_one_serving_setting_for_every_member_stays_within_what_each_was_built_f
     assert all(c.instance_group[0].count == 3 for c in tuned.values())
     assert entry.max_batch_size == 8  # no batch the ensemble takes is too large for a member
     assert bundle.ensemble.config.max_batch_size != 8 and members["recsys_model"].instance_group[0].count == 1
+
+    # the pre/post steps' own instance count (CPU processes) leaves the model's alone
+    _, tuned = with_serving_settings(bundle.ensemble.config, members, replace(wanted, step_instance_count=4))
+    assert {n: c.instance_group[0].count for n, c in tuned.items()} == {
+        "recsys_pre": 4,
+        "recsys_model": 3,
+        "recsys_post": 4,
+    }
+    assert tuned["recsys_post"].max_batch_size == 8
+    assert default_settings(bundle.ensemble.config, list(members.values())).step_instance_count == 1

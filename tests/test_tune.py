@@ -48,6 +48,24 @@ def test_the_grid_holds_every_combination_once():
     assert [name for name, _ in knobs(unbatched, SPACE)] == ["instance_count"]
 
 
+def test_an_ensembles_pre_post_steps_get_an_instance_count_of_their_own():
+    ensemble = dataclasses.replace(DEFAULT, step_instance_count=1)
+    assert [name for name, _ in knobs(ensemble, SPACE)] == [
+        "instance_count",
+        "step_instance_count",
+        "max_batch_size",
+        "batching",
+    ]
+    assert len(grid(ensemble, SPACE)) == 3 * len(grid(DEFAULT, SPACE))
+
+    def throughput(s: ServingSettings) -> float:  # the steps' processes are the limit, not the model's
+        return 1000 * min(10 * s.instance_count, s.step_instance_count)
+
+    measure, _ = surface(throughput)
+    result = search(measure, ensemble, SPACE, len(grid(ensemble, SPACE)))
+    assert result.chosen.step_instance_count == 3 and result.chosen.instance_count == 1
+
+
 def test_search_finds_the_best_of_a_separable_surface_measuring_a_fraction_of_the_grid():
     def throughput(s: ServingSettings) -> float:
         return (

@@ -25,7 +25,14 @@ class TritonPythonModel:
         gpu = args["model_instance_kind"] == "GPU"
         self.device = torch.device(f"cuda:{args['model_instance_device_id']}" if gpu else "cpu")
         self.dtype = torch.float16 if config["parameters"]["precision"]["string_value"] == "fp16" else torch.float32
-        self.model = getattr(importlib.import_module(module), function)()
+        try:
+            self.model = getattr(importlib.import_module(module), function)()
+        except Exception as exc:  # the stub passes on the message alone: keep its causes in it
+            causes, cause = [], exc
+            while cause is not None:
+                causes.append(f"{type(cause).__name__}: {cause}")
+                cause = cause.__cause__ or cause.__context__
+            raise RuntimeError(" <- ".join(causes)) from exc
         folder = os.path.join(args["model_repository"], args["model_version"])
         self.model.load_state_dict(torch.load(os.path.join(folder, "state_dict.pt"), weights_only=True))
         self.model.to(self.device, self.dtype).eval()
