@@ -59,8 +59,8 @@ _served_execute = TritonPythonModel.execute
 
 
 def _execute_with_delay(self, requests):
-    deadline = _time.perf_counter() + {delay_s} * len(requests)
     responses = _served_execute(self, requests)
+    deadline = _time.perf_counter() + {delay_s} * len(requests)  # after the answer: added to it, whatever it took
     while _time.perf_counter() < deadline:
         pass
     return responses
