@@ -14,13 +14,13 @@ release: the absolute limit p99 <= `--max-p99-ms` at that load) and promote it t
 
 Then, on that replica, for each serving config (the users': max_batch_size 1, one instance, no dynamic
 batching; and the tuned one) and each served form of the model step (compiled TorchScript; with `--eager`
-also the eager nn.Module, loaded through Triton's load API with its files): a warm-up run that is not
+`--forms torchscript,eager` also the eager nn.Module, loaded through Triton's load API with its files): a warm-up run that is not
 recorded (the first requests after a load pay for CUDA's and TorchScript's start), then a request-rate sweep and a
 concurrency sweep with perf_analyzer over HTTP (perf_analyzer 2.51 sends no headers over gRPC, where the
 stack's admin APIs, model-config among them, are locked). Per point: throughput, p99,
 the GPU's utilisation and memory (Triton's metrics endpoint; NVML when Triton reports none) and, per
 ensemble step, its mean queue and compute time and batch size (Triton's statistics API): where the time goes.
-Writes benchmarks/results/gpu_bert4rec_<device>_<precision>.json.
+Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_<forms>].json.
 """
 
 from __future__ import annotations
@@ -49,10 +49,11 @@ from components.promote import promote
 from components.publish import publish
 from components.replicas import Replica
 from components.repository import ModelRepository
+from components.results import TuneResult
 from components.settings import RELAXED_STABILITY_PCT, GateSettings, Thresholds
 from components.stage import read_candidate, stage
 from components.triton_admin import TritonAdmin, TritonError
-from components.tune import TuneSettings, tune
+from components.tune import GateBench, TuneSettings, tune
 from pipelines.samples import bert4rec
 from pipelines.stack import EmbeddedStack
 
@@ -203,13 +204,16 @@ def main() -> None:
     parser.add_argument("--tune-budget", type=int, default=8)
     parser.add_argument("--max-p99-ms", type=float, default=4.0, help="the goal: the best throughput within it")
     parser.add_argument("--gate-p99-ms", type=float, default=50.0, help="the release's limit at the tune load")
-    parser.add_argument("--eager", action="store_true", help="also measure the eager nn.Module as the model step")
+    parser.add_argument("--forms", default="torchscript", help="served forms of the model step: torchscript,eager")
+    parser.add_argument("--tuned-from", type=Path, help="an earlier result of this benchmark: serve its tuned "
+                        "settings instead of tuning again (same model, same machine)")  # fmt: skip
     args = parser.parse_args()
     factory = "users_v1" if args.size == "users" else "bert4rec_v1"
     name = f"b4r_{args.precision}"
     report: dict = {"arguments": vars(args), "torch": torch.__version__, "cpus": os.cpu_count(),
                     "machine": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"}  # fmt: skip
-    out = HERE / "results" / f"gpu_bert4rec_{args.device.split(':')[0]}_{args.precision}.json"
+    forms = "" if args.forms == "torchscript" else "_" + args.forms.replace(",", "_")
+    out = HERE / "results" / f"gpu_bert4rec_{args.device.split(':')[0]}_{args.precision}{forms}.json"
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=1, gate=True) as stack:
         repo_uri = f"s3://{stack.bucket}"
@@ -226,9 +230,20 @@ def main() -> None:
         tuning = tune(repo_uri, name, version, stack.gate.http_url,
                       TuneSettings(load=load, max_p99_ms=args.gate_p99_ms, budget=args.tune_budget,
                                    instance_counts=(1, 2, 4)),
-                      s3=stack.s3, run_id="gpu-bench", metrics_url=stack.gate.metrics_url)  # fmt: skip
+                      s3=stack.s3, run_id="gpu-bench", metrics_url=stack.gate.metrics_url,
+                      enabled=args.tuned_from is None)  # fmt: skip
+        if args.tuned_from:
+            earlier = TuneResult.from_json(json.dumps(json.loads(args.tuned_from.read_text())["tuning"]))
+            tuning.chosen = earlier.chosen
+            bench = GateBench(stack.gate.http_url, read_candidate(ModelRepository(repo_uri, stack.s3), name, version),
+                              load, 120)  # fmt: skip
+            bench.apply(tuning.chosen)  # the gate measures the candidate as it would have been tuned
+            bench.close()
         report["tuning"] = json.loads(tuning.to_json())
-        print(f"tuned: {tuning.chosen} ({tuning.confirmation or 'the default'})", flush=True)
+        print(
+            f"tuned: {tuning.chosen} ({tuning.confirmation or f'from {args.tuned_from}' if args.tuned_from else 'the default'})",
+            flush=True,
+        )
         gating = GateSettings(concurrency=args.tune_concurrency, window_ms=WINDOW_MS,
                               thresholds=Thresholds(max_p99_ms=args.gate_p99_ms, max_p99_regression_pct=None,
                                                     max_throughput_regression_pct=None))  # fmt: skip
@@ -249,9 +264,12 @@ def main() -> None:
                 repo.copy_to_production(member, version)
                 repo.write_desired_config(member, config, None)
         data = perf.write_input_data(candidate.golden_inputs, Path(tmp) / "input.json", batched=True)
-        forms = {"torchscript": None}
-        if args.eager:
-            forms["eager"] = eager_files(f"pipelines.samples.bert4rec:{factory}", args.precision, version)
+        forms = {
+            form: eager_files(f"pipelines.samples.bert4rec:{factory}", args.precision, version)
+            if form == "eager"
+            else None
+            for form in args.forms.split(",")
+        }
         report["configs"] = []
         admin = TritonAdmin(server.http_url, load_timeout=300)
         for form, eager in forms.items():

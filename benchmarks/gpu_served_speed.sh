@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/gpu_served_speed.sh pack   # here: writes .gpu/{tools,stub312,site312}.tar.xz (~77 MB)
 #   bash benchmarks/gpu_served_speed.sh run    # there, from the repo root (see benchmarks/README.md)
-#   bash benchmarks/gpu_served_speed.sh bert4rec fp16 --eager   # there: the users' BERT4Rec ensemble
+#   bash benchmarks/gpu_served_speed.sh bert4rec fp16 [--forms torchscript,eager]   # there: the users' BERT4Rec ensemble
 #   bash benchmarks/gpu_served_speed.sh gate --injections 0:10,25:5   # there: the gate on the GPU
 #
 # One device call carries at most 64 MiB, so the packs travel in two calls to the same warm machine:
@@ -73,7 +73,7 @@ run() {
 }
 
 # The users' BERT4Rec ensemble released and served default against tuned (benchmarks/gpu_bert4rec.py), one
-# precision per call: `bert4rec fp16 [--eager ...]`; `bert4rec test` runs the gpu-marked ensemble release test.
+# precision per call: `bert4rec fp16 [--forms torchscript,eager ...]`; `bert4rec test` runs the gpu-marked ensemble release test.
 # LIMIT_S=N stops it after N seconds with SIGINT, so the embedded stack still shuts down and the results
 # written so far (the JSON is rewritten after every config) still come back.
 bert4rec() {
@@ -85,8 +85,8 @@ bert4rec() {
   local precision=$1
   shift
   timeout -s INT -k 20 "${LIMIT_S:-0}" python3 benchmarks/gpu_bert4rec.py --precision "$precision" "$@" 2>&1 \
-    | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace" | tee "$OUT/gpu_bert4rec_$precision.log" || true
-  cp benchmarks/results/gpu_bert4rec_cuda_"$precision".json "$OUT/" || true  # written after every config
+    | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace" | tee -a "$OUT/gpu_bert4rec_$precision.log" || true
+  cp benchmarks/results/gpu_bert4rec_cuda_"$precision"*.json "$OUT/" || true  # written after every config
 }
 
 # The gate's A/A and +25% trials on the GPU (benchmarks/gate_quality.py --gpu); arguments go to it.
