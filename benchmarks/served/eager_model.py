@@ -12,7 +12,8 @@ sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if
 # transformers imports scikit-learn when it is installed; on the GPU machine that pulls in a SciPy built for
 # numpy 2, which fails under the stub's numpy 1.x ("module 'numpy' has no attribute 'long'"). Running a model
 # needs neither: hidden, transformers finds it not installed.
-sys.modules.setdefault("sklearn", None)
+for _hidden in ("sklearn", "scipy"):
+    sys.modules.setdefault(_hidden, None)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
