@@ -79,6 +79,14 @@ def load_ensemble(
             members[model_step].parameters[key].string_value = value
         files[model_step] = eager["files"]
     admin.reload_ensemble(name, config, members, files=files)
+    for member, member_files in files.items():
+        # Loading the ensemble loads its members from the repository again, and a member loaded from given
+        # files comes back as the repository has it (the compiled model, the promoted config); loaded again
+        # once the ensemble is, it stays (checked: the served config carries the eager step's parameters).
+        admin.load(member, members[member], member_files)
+        admin.wait_ready(member)
+        if "factory" not in admin.model_config(member).get("parameters", {}):
+            raise TritonError(f"{member} is not served as the eager module after loading it with its files")
 
 
 def eager_files(factory: str, precision: str, version: int) -> dict:
