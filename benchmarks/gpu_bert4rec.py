@@ -13,9 +13,10 @@ concurrency `--tune-concurrency`), gate it (a first
 release: the absolute limit p99 <= `--max-p99-ms` at that load) and promote it to the production replica.
 
 Then, on that replica, for each serving config (the users': max_batch_size 1, one instance, no dynamic
-batching; and the tuned one) and each served form of the model step (compiled TorchScript; with `--eager`
-`--forms torchscript,eager` also the eager nn.Module, loaded through Triton's load API with its files): a warm-up run that is not
-recorded (the first requests after a load pay for CUDA's and TorchScript's start), then a request-rate sweep and a
+batching; and the tuned one) and each served form of the model step that `--forms` names (`torchscript`,
+the compiled model; `eager`, the eager nn.Module loaded through Triton's load API with its files): a warm-up
+run that is not recorded (the first requests after a load pay for CUDA's and TorchScript's start), then a
+request-rate sweep and a
 concurrency sweep with perf_analyzer over HTTP (perf_analyzer 2.51 sends no headers over gRPC, where the
 stack's admin APIs, model-config among them, are locked). Per point: throughput, p99,
 the GPU's utilisation and memory (Triton's metrics endpoint; NVML when Triton reports none) and, per
@@ -248,10 +249,8 @@ def main() -> None:
             bench.apply(tuning.chosen)  # the gate measures the candidate as it would have been tuned
             bench.close()
         report["tuning"] = json.loads(tuning.to_json())
-        print(
-            f"tuned: {tuning.chosen} ({tuning.confirmation or f'from {args.tuned_from}' if args.tuned_from else 'the default'})",
-            flush=True,
-        )
+        source = f"from {args.tuned_from}" if args.tuned_from else tuning.confirmation or "the default"
+        print(f"tuned: {tuning.chosen} ({source})", flush=True)
         gating = GateSettings(concurrency=args.tune_concurrency, window_ms=WINDOW_MS,
                               thresholds=Thresholds(max_p99_ms=args.gate_p99_ms, max_p99_regression_pct=None,
                                                     max_throughput_regression_pct=None))  # fmt: skip
