@@ -192,8 +192,8 @@ def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, tmp_path, 
     """The users' model in its production form: catalogue ids -> bert4rec_pre -> BERT4Rec (transformers,
     exported with the default method, compiled on `device`) -> bert4rec_post -> catalogue ids. Staged dark
     on the gate, where its answers must equal the reference computed in Python from the same step code and
-    the eager model; tuned (one setting for every member), gated as tuned and promoted with those settings.
-    The cuda case is the same release with the model on a KIND_GPU instance (the lent GPU machine)."""
+    the eager model; tuned (one setting for every member, the pre/post steps with an instance count of their
+    own), gated as tuned and promoted with those settings. The cuda case is the same release with the model on a KIND_GPU instance (the lent GPU machine)."""
     name = unique("b4r")
     bundle = bert4rec.build_bundle(tmp_path / "bundle", name=name, device=device)
     repo_uri = repository(stack)
