@@ -28,6 +28,7 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_MAX_REGRESSION_PCT = 10.0
 # perf_analyzer's stability check, relaxed: any three windows count as stable, so a run always reports.
 RELAXED_STABILITY_PCT = 1000.0
+DEFAULT_INSTANCE_COUNTS = (1, 2, 3)  # tune's instance counts (a 16-core GPU host gains from 4: benchmarks/README.md)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from components.model_config import ServingSettings
 from components.repository import ModelRepository, candidate_name
 from components.results import Trial, TuneResult
 from components.s3repo import S3Settings
-from components.settings import RELAXED_STABILITY_PCT
+from components.settings import DEFAULT_INSTANCE_COUNTS, RELAXED_STABILITY_PCT
 from components.stage import CandidateVersion, read_candidate
 from components.triton_admin import TritonAdmin, TritonError
 
@@ -57,7 +57,7 @@ class TuneSettings:
     p99_slack_pct: float = 10.0
     budget: int = 16
     min_gain_pct: float = 5.0
-    instance_counts: tuple[int, ...] = (1, 2, 3)
+    instance_counts: tuple[int, ...] = DEFAULT_INSTANCE_COUNTS
     queue_delays_us: tuple[int, ...] = (0, 500, 2000, 8000)
     perf_timeout_s: float = 120.0
 

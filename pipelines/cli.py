@@ -15,7 +15,7 @@ from rich.console import Console
 
 from components import log, settings
 from components.errors import TritonshipError
-from components.settings import GATE_PARAMETERS, RELAXED_STABILITY_PCT
+from components.settings import DEFAULT_INSTANCE_COUNTS, GATE_PARAMETERS, RELAXED_STABILITY_PCT
 
 if TYPE_CHECKING:
     from components.results import Result
@@ -432,6 +432,19 @@ def stage_cmd(
 TuningOption = Annotated[Path | None, typer.Option(help="tuning.json written by `tritonship tune`")]
 
 
+def _instance_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise typer.BadParameter(
+            f"give whole numbers of 1 or more, comma-separated (like 1,2,4), not {text!r}",
+            param_hint="--instance-counts",
+        )
+    return counts
+
+
 @app.command("tune")
 @friendly_errors
 def tune_cmd(
@@ -453,6 +466,10 @@ def tune_cmd(
     p99_slack_pct: Annotated[float, typer.Option(help="how much p99 may grow over the default's")] = 10.0,
     budget: Annotated[int, typer.Option(help="settings measured at most")] = 16,
     min_gain_pct: Annotated[float, typer.Option(help="smallest throughput gain that moves the search")] = 5.0,
+    instance_counts: Annotated[
+        str,
+        typer.Option(help="instance counts tried, comma-separated, for the model and for an ensemble's pre/post steps"),
+    ] = ",".join(map(str, DEFAULT_INSTANCE_COUNTS)),
     gate_metrics: GateMetricsOption = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:
@@ -466,6 +483,7 @@ def tune_cmd(
     tune_settings = TuneSettings(
         load=LoadSettings(concurrency=concurrency, window_ms=window_ms, stability_pct=stability_pct),
         max_p99_ms=max_p99_ms, p99_slack_pct=p99_slack_pct, budget=budget, min_gain_pct=min_gain_pct,
+        instance_counts=_instance_counts(instance_counts),
     )  # fmt: skip
     with console.status(f"tuning {model} v{version} on the gate (at most {budget} settings)"):
         url, metrics_url = _gate_server(gate, gate_metrics)

@@ -66,6 +66,20 @@ def test_an_ensembles_pre_post_steps_get_an_instance_count_of_their_own():
     assert result.chosen.step_instance_count == 3 and result.chosen.instance_count == 1
 
 
+@pytest.mark.parametrize("counts", ["0,2", "1,two", ""])
+def test_the_cli_refuses_instance_counts_that_are_not_whole_numbers_of_one_or_more(counts, tmp_path):
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    args = ["tune", "-r", "s3://b", "-m", "m", "--version", "1", "--gate", "127.0.0.1:9", "--out", str(tmp_path / "t")]
+    result = CliRunner().invoke(app, [*args, "--instance-counts", counts])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.replace("│", " ").split())  # rich wraps the sentence in a box
+    assert "--instance-counts" in said and "whole numbers of 1 or more" in said
+    assert not (tmp_path / "t").exists()
+
+
 def test_search_finds_the_best_of_a_separable_surface_measuring_a_fraction_of_the_grid():
     def throughput(s: ServingSettings) -> float:
         return (
