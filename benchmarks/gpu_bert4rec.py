@@ -17,11 +17,12 @@ batching; and the tuned one) and each served form of the model step that `--form
 the compiled model; `eager`, the eager nn.Module loaded through Triton's load API with its files): a warm-up
 run that is not recorded (the first requests after a load pay for CUDA's and TorchScript's start), then a
 request-rate sweep and a
-concurrency sweep with perf_analyzer over HTTP (perf_analyzer 2.51 sends no headers over gRPC, where the
-stack's admin APIs, model-config among them, are locked). Per point: throughput, p99,
+concurrency sweep with perf_analyzer over each protocol `--protocols` names (`http`; `grpc`: perf_analyzer
+2.51 sends its `-H` header over HTTP only, so with gRPC the stack leaves the model-config API open, which
+perf_analyzer reads; load and unload stay locked). Per point: throughput, p99,
 the GPU's utilisation and memory (Triton's metrics endpoint; NVML when Triton reports none) and, per
 ensemble step, its mean queue and compute time and batch size (Triton's statistics API): where the time goes.
-Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_<forms>].json.
+Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_<forms>][_<protocols>].json.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components import ensemble, perf, server_metrics
+from components import admin_key, ensemble, perf, server_metrics
 from components.gate import gate
 from components.model_config import ServingSettings
 from components.promote import promote
@@ -167,12 +168,13 @@ def step_breakdown(before: dict, after: dict) -> dict:
 def measure_point(server, name: str, data: Path, load: perf.LoadSettings) -> dict:
     admin = TritonAdmin(server.http_url)
     before = admin.statistics()
+    url = server.grpc_url if load.protocol == "grpc" else server.http_url
     with gpu_sampler(server.metrics_url) as gpu:
-        run = perf.measure(admin.url, name, data, load, timeout=120)
+        run = perf.measure(url, name, data, load, timeout=120)
     after = admin.statistics()
     point = run.points[0] if run.ok else None
     return {
-        "concurrency": None if load.request_rate else load.concurrency,
+        "protocol": load.protocol, "concurrency": None if load.request_rate else load.concurrency,
         "request_rate": load.request_rate, "ok": run.ok, "reason": "" if run.ok else run.reason,
         "throughput": point.throughput if point else None,
         "p99_ms": float(np.percentile(run.latencies_us, 99)) / 1000 if run.latencies_us.size else None,
@@ -185,15 +187,17 @@ def measure_point(server, name: str, data: Path, load: perf.LoadSettings) -> dic
 def sweep(server, name: str, data: Path, args) -> list[dict]:
     steady = {"window_ms": WINDOW_MS, "stability_pct": RELAXED_STABILITY_PCT}
     perf.measure(server.http_url, name, data, perf.LoadSettings(concurrency=max(args.concurrency), **steady))  # warm-up
-    loads = [perf.LoadSettings(request_rate=r, max_threads=RATE_THREADS, **steady) for r in args.rates]
-    loads += [perf.LoadSettings(concurrency=c, **steady) for c in args.concurrency]
     points = []
-    for load in loads:
-        points.append(measure_point(server, name, data, load))
-        p = points[-1]
-        at = f"rate {p['request_rate']:g}" if p["request_rate"] else f"conc {p['concurrency']}"
-        print(f"    {at:<11} {p['throughput'] or 0:>9,.0f} infer/s  p99 {p['p99_ms'] or 0:7.2f} ms "
-              f"{p['reason']}", flush=True)  # fmt: skip
+    for protocol in args.protocols.split(","):
+        steady["protocol"] = protocol
+        loads = [perf.LoadSettings(request_rate=r, max_threads=RATE_THREADS, **steady) for r in args.rates]
+        loads += [perf.LoadSettings(concurrency=c, **steady) for c in args.concurrency]
+        for load in loads:
+            points.append(measure_point(server, name, data, load))
+            p = points[-1]
+            at = f"rate {p['request_rate']:g}" if p["request_rate"] else f"conc {p['concurrency']}"
+            print(f"    {protocol:<4} {at:<11} {p['throughput'] or 0:>9,.0f} infer/s  p99 {p['p99_ms'] or 0:7.2f} ms "
+                  f"{p['reason']}", flush=True)  # fmt: skip
     return points
 
 
@@ -214,6 +218,7 @@ def main() -> None:
     parser.add_argument("--max-p99-ms", type=float, default=4.0, help="the goal: the best throughput within it")
     parser.add_argument("--gate-p99-ms", type=float, default=50.0, help="the release's limit at the tune load")
     parser.add_argument("--forms", default="torchscript", help="served forms of the model step: torchscript,eager")
+    parser.add_argument("--protocols", default="http", help="perf_analyzer's protocols: http,grpc")
     parser.add_argument("--tuned-from", type=Path, help="an earlier result of this benchmark: serve its tuned "
                         "settings instead of tuning again (same model, same machine)")  # fmt: skip
     args = parser.parse_args()
@@ -222,9 +227,11 @@ def main() -> None:
     report: dict = {"arguments": vars(args), "torch": torch.__version__, "cpus": os.cpu_count(),
                     "machine": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"}  # fmt: skip
     forms = "" if args.forms == "torchscript" else "_" + args.forms.replace(",", "_")
-    out = HERE / "results" / f"gpu_bert4rec_{args.device.split(':')[0]}_{args.precision}{forms}.json"
+    protocols = "" if args.protocols == "http" else "_" + args.protocols.replace(",", "_")
+    out = HERE / "results" / f"gpu_bert4rec_{args.device.split(':')[0]}_{args.precision}{forms}{protocols}.json"
+    locked = [api for api in admin_key.RESTRICTED_APIS if "grpc" not in args.protocols or api != "model-config"]
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=1, gate=True) as stack:
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=1, gate=True, locked_apis=locked) as stack:
         repo_uri = f"s3://{stack.bucket}"
         t = time.monotonic()
         tolerance = bert4rec.USERS_FP16_TOLERANCE if args.precision == "fp16" and args.size == "users" else None
@@ -296,7 +303,7 @@ def main() -> None:
     print(f"\n{'form':<12} {'config':<15} {'best infer/s with p99 <= ' + str(args.max_p99_ms) + ' ms':>34}")
     for c in report["configs"]:
         best = c.get("best_within_p99")
-        figure = "-" if best is None else f"{best['throughput']:,.0f} (p99 {best['p99_ms']:.2f} ms)"
+        figure = "-" if best is None else f"{best['throughput']:,.0f} (p99 {best['p99_ms']:.2f} ms, {best['protocol']})"
         print(f"{c['form']:<12} {c['config']:<15} {figure:>34}")
     print(f"wrote {out}")
 

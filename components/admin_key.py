@@ -9,6 +9,7 @@ never in a report, an exception or the compiled pipeline."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from components.errors import TritonshipError
@@ -38,7 +39,7 @@ def from_env() -> str | None:
     return key
 
 
-def triton_args(key: str) -> list[str]:
-    """tritonserver arguments that lock the admin APIs on HTTP and gRPC behind `key`."""
-    apis = ",".join(RESTRICTED_APIS)
+def triton_args(key: str, locked: Sequence[str] = RESTRICTED_APIS) -> list[str]:
+    """tritonserver arguments that lock the admin APIs (the `locked` groups) on HTTP and gRPC behind `key`."""
+    apis = ",".join(locked)
     return [f"--http-restricted-api={apis}:{HEADER}={key}", f"--grpc-restricted-protocol={apis}:{HEADER}={key}"]

@@ -230,6 +230,8 @@ class EmbeddedStack:
     `gate` server also mounts the staging prefix (docs/design.md section 3: the candidate is dark).
     Every tritonserver locks its admin APIs behind this process's admin key (components/admin_key.py):
     the one in the environment, else a new one put there, so this process's own clients send it.
+    `locked_apis` narrows which groups are locked; only a benchmark that measures over gRPC opens
+    `model-config` (perf_analyzer reads the config and sends its `-H` header over HTTP only).
     """
 
     def __init__(
@@ -241,8 +243,10 @@ class EmbeddedStack:
         detach: bool = False,
         start_timeout: float = 90.0,
         s3_switch: bool = False,
+        locked_apis: Sequence[str] = admin_key.RESTRICTED_APIS,
     ) -> None:
         self.replica_count = replicas
+        self.locked_apis = tuple(locked_apis)
         self.with_gate = gate
         self.bucket = bucket
         self.detach = detach
@@ -382,7 +386,7 @@ class EmbeddedStack:
                 "--allow-cpu-metrics=true",
                 "--exit-timeout-secs=5",
                 "--log-verbose=0",
-                *admin_key.triton_args(self.admin_key),
+                *admin_key.triton_args(self.admin_key, self.locked_apis),
             ]
             try:
                 return self.launch_triton(name, args, prefixes)

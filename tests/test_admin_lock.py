@@ -13,9 +13,10 @@ import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from components import admin_key
+from components import admin_key, perf
 from components.repository import ModelRepository
 from components.triton_admin import TritonAdmin, TritonError
+from pipelines.stack import EmbeddedStack
 from tests.models import numpy_mlp_folder
 from tests.release_helpers import ABSOLUTE_GATE, install_stable, repository, stage_and_gate, unique
 
@@ -64,3 +65,23 @@ def test_the_admin_key_appears_in_no_report_log_or_error(tmp_path, stack):
     for path in [*written, *logs]:
         assert stack.admin_key.encode() not in path.read_bytes(), path
     assert stack.admin_key not in str(refused.value)
+
+
+def test_a_stack_with_model_config_open_is_measured_over_grpc_and_still_refuses_unload(tmp_path):
+    """benchmarks/gpu_bert4rec.py --protocols grpc: perf_analyzer reads the model's config and sends its `-H`
+    header over HTTP only, so that benchmark's stack leaves the model-config group open; load and unload stay
+    locked."""
+    name = unique("grpc")
+    with EmbeddedStack(replicas=1, gate=True, locked_apis=["model-repository"]) as bench:
+        install_stable(bench, _folder(tmp_path, name, "v1"))
+        server = bench.replicas[0]
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        assert grpc.get_model_config(name).config.name == name  # no key needed
+        with pytest.raises(InferenceServerException):
+            grpc.unload_model(name)
+        grpc.close()
+        data = perf.write_input_data(X, tmp_path / "in.json", batched=True)
+        load = perf.LoadSettings(window_ms=1000, stability_pct=50, protocol="grpc")
+        run = perf.measure(server.grpc_url, name, data, load, timeout=120)
+        assert run.ok and run.points[0].throughput > 10, run.stderr_tail
+        assert TritonAdmin(server.http_url).served_version(name, X, ["y"]) == 1  # still loaded and answering

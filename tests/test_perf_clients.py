@@ -10,6 +10,7 @@ import numpy as np
 
 from components import perf
 from components.model_folder import load_golden
+from components.settings import RELAXED_STABILITY_PCT
 from components.tools import PerfAnalyzerTool, client_cpu_groups, shared_client_cpus
 from components.triton_admin import TritonAdmin
 from tests.models import mlp_folder, upload_folder
@@ -70,7 +71,7 @@ def test_a_duet_runs_both_perf_analyzers_on_the_shared_cpus(stack, s3, tmp_path)
                     stack.gate.http_url,
                     [perf.Target("duet_mlp", "1")] * 2,
                     data,
-                    perf.LoadSettings(window_ms=500),
+                    perf.LoadSettings(window_ms=500, stability_pct=RELAXED_STABILITY_PCT),  # as the gate's duet
                     client_cpus=shared_client_cpus(0),
                 )
             finally:
