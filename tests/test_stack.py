@@ -15,6 +15,7 @@ import pytest
 
 from components import perf
 from components.model_folder import load_golden
+from components.settings import RELAXED_STABILITY_PCT
 from components.triton_admin import TritonAdmin, TritonError, TritonUnreachable
 from pipelines.stack import EmbeddedStack, _pid_alive, port_is_open
 from tests.models import mlp_folder, upload_folder
@@ -38,7 +39,10 @@ def test_model_put_in_s3_is_loaded_answers_and_is_measured(stack, s3, tmp_path):
 
         data = perf.write_input_data(golden_in, tmp_path / "input.json", batched=True)
         run = perf.measure(
-            server.http_url, "stack_mlp", data, perf.LoadSettings(concurrency=1, window_ms=1000, stability_pct=50)
+            server.http_url,
+            "stack_mlp",
+            data,
+            perf.LoadSettings(concurrency=1, window_ms=1000, stability_pct=RELAXED_STABILITY_PCT),
         )
         assert run.exit_code == 0, run.stderr_tail
         assert run.ok and len(run.points) == 1
