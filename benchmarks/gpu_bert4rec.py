@@ -22,13 +22,15 @@ concurrency sweep with perf_analyzer over each protocol `--protocols` names (`ht
 perf_analyzer reads; load and unload stay locked). Per point: throughput, p99,
 the GPU's utilisation and memory (Triton's metrics endpoint; NVML when Triton reports none) and, per
 ensemble step, its mean queue and compute time and batch size (Triton's statistics API): where the time goes.
-Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_<forms>][_<protocols>].json.
+`--instances 1x4 2x4` also serves the tuned settings with other instance counts (model x each step).
+Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_<forms>][_<protocols>][_instances].json.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -211,7 +213,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--precision", default="fp16", choices=("fp32", "fp16"))
     parser.add_argument("--size", default="users", choices=("users", "demo"))
-    parser.add_argument("--rates", type=float, nargs="+", default=[3000, 10000, 20000])
+    parser.add_argument("--rates", type=float, nargs="*", default=[3000, 10000, 20000])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
     parser.add_argument("--tune-concurrency", type=int, default=64, help="where the pre/post steps are the limit")
     parser.add_argument("--tune-budget", type=int, default=8)
@@ -219,6 +221,13 @@ def main() -> None:
     parser.add_argument("--gate-p99-ms", type=float, default=50.0, help="the release's limit at the tune load")
     parser.add_argument("--forms", default="torchscript", help="served forms of the model step: torchscript,eager")
     parser.add_argument("--protocols", default="http", help="perf_analyzer's protocols: http,grpc")
+    parser.add_argument(
+        "--instances",
+        nargs="*",
+        default=[],
+        metavar="MxS",
+        help="also serve the tuned settings with M model instances and S of each step, e.g. 1x4",
+    )
     parser.add_argument("--tuned-from", type=Path, help="an earlier result of this benchmark: serve its tuned "
                         "settings instead of tuning again (same model, same machine)")  # fmt: skip
     args = parser.parse_args()
@@ -228,7 +237,8 @@ def main() -> None:
                     "machine": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"}  # fmt: skip
     forms = "" if args.forms == "torchscript" else "_" + args.forms.replace(",", "_")
     protocols = "" if args.protocols == "http" else "_" + args.protocols.replace(",", "_")
-    out = HERE / "results" / f"gpu_bert4rec_{args.device.split(':')[0]}_{args.precision}{forms}{protocols}.json"
+    suffix = forms + protocols + ("_instances" if args.instances else "")
+    out = HERE / "results" / f"gpu_bert4rec_{args.device.split(':')[0]}_{args.precision}{suffix}.json"
     locked = [api for api in admin_key.RESTRICTED_APIS if "grpc" not in args.protocols or api != "model-config"]
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=1, gate=True, locked_apis=locked) as stack:
@@ -287,7 +297,12 @@ def main() -> None:
         report["configs"] = []
         admin = TritonAdmin(server.http_url, load_timeout=300)
         for form, eager in forms.items():
-            for label, settings in (("users' default", USERS_DEFAULT), ("tuned", tuning.chosen)):
+            configs = [("users' default", USERS_DEFAULT), ("tuned", tuning.chosen)]
+            for pair in args.instances:
+                model_count, step_count = (int(n) for n in pair.split("x"))
+                configs.append((f"tuned, {pair}", dataclasses.replace(
+                    tuning.chosen, instance_count=model_count, step_instance_count=step_count)))  # fmt: skip
+            for label, settings in configs:
                 print(f"  {form}, {label}: {settings}", flush=True)
                 try:
                     load_ensemble(admin, repo, name, settings, eager)
