@@ -208,6 +208,14 @@ def best_within(points: list[dict], max_p99_ms: float) -> dict | None:
     return max(within, key=lambda p: p["throughput"], default=None)
 
 
+def instance_pair(text: str) -> tuple[int, int]:
+    """`MxS`: M model instances and S instances of each pre/post step, both whole numbers of 1 or more."""
+    model_count, _, step_count = text.partition("x")
+    if not (model_count.isdigit() and step_count.isdigit() and int(model_count) > 0 and int(step_count) > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not MxS with whole numbers of 1 or more, e.g. 1x4")
+    return int(model_count), int(step_count)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda")
@@ -221,13 +229,8 @@ def main() -> None:
     parser.add_argument("--gate-p99-ms", type=float, default=50.0, help="the release's limit at the tune load")
     parser.add_argument("--forms", default="torchscript", help="served forms of the model step: torchscript,eager")
     parser.add_argument("--protocols", default="http", help="perf_analyzer's protocols: http,grpc")
-    parser.add_argument(
-        "--instances",
-        nargs="*",
-        default=[],
-        metavar="MxS",
-        help="also serve the tuned settings with M model instances and S of each step, e.g. 1x4",
-    )
+    parser.add_argument("--instances", nargs="*", type=instance_pair, default=[], metavar="MxS",
+                        help="also serve the tuned settings with M model instances and S of each step, e.g. 1x4")  # fmt: skip
     parser.add_argument("--tuned-from", type=Path, help="an earlier result of this benchmark: serve its tuned "
                         "settings instead of tuning again (same model, same machine)")  # fmt: skip
     args = parser.parse_args()
@@ -298,9 +301,8 @@ def main() -> None:
         admin = TritonAdmin(server.http_url, load_timeout=300)
         for form, eager in forms.items():
             configs = [("users' default", USERS_DEFAULT), ("tuned", tuning.chosen)]
-            for pair in args.instances:
-                model_count, step_count = (int(n) for n in pair.split("x"))
-                configs.append((f"tuned, {pair}", dataclasses.replace(
+            for model_count, step_count in args.instances:
+                configs.append((f"tuned, {model_count}x{step_count}", dataclasses.replace(
                     tuning.chosen, instance_count=model_count, step_instance_count=step_count)))  # fmt: skip
             for label, settings in configs:
                 print(f"  {form}, {label}: {settings}", flush=True)
