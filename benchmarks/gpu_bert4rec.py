@@ -191,9 +191,9 @@ def sweep(server, name: str, data: Path, args) -> list[dict]:
     perf.measure(server.http_url, name, data, perf.LoadSettings(concurrency=max(args.concurrency), **steady))  # warm-up
     points = []
     for protocol in args.protocols.split(","):
-        steady["protocol"] = protocol
-        loads = [perf.LoadSettings(request_rate=r, max_threads=RATE_THREADS, **steady) for r in args.rates]
-        loads += [perf.LoadSettings(concurrency=c, **steady) for c in args.concurrency]
+        over = steady | {"protocol": protocol}
+        loads = [perf.LoadSettings(request_rate=r, max_threads=RATE_THREADS, **over) for r in args.rates]
+        loads += [perf.LoadSettings(concurrency=c, **over) for c in args.concurrency]
         for load in loads:
             points.append(measure_point(server, name, data, load))
             p = points[-1]
@@ -242,7 +242,8 @@ def main() -> None:
     protocols = "" if args.protocols == "http" else "_" + args.protocols.replace(",", "_")
     suffix = forms + protocols + ("_instances" if args.instances else "")
     out = HERE / "results" / f"gpu_bert4rec_{args.device.split(':')[0]}_{args.precision}{suffix}.json"
-    locked = [api for api in admin_key.RESTRICTED_APIS if "grpc" not in args.protocols or api != "model-config"]
+    grpc = "grpc" in args.protocols.split(",")
+    locked = [api for api in admin_key.RESTRICTED_APIS if not (grpc and api == "model-config")]
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=1, gate=True, locked_apis=locked) as stack:
         repo_uri = f"s3://{stack.bucket}"
