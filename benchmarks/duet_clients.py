@@ -33,7 +33,7 @@ from components.stage import stage
 from components.tools import shared_client_cpus
 from components.triton_admin import TritonAdmin
 from pipelines.stack import EmbeddedStack
-from tests.models import numpy_mlp_folder
+from tests.models import mlp_folder
 from tests.release_helpers import SteadyClient
 
 PLACEMENTS = ("rotating", "fixed", "apart")  # same CPUs, a new group each round / always the same / unpinned
@@ -58,7 +58,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=2, gate=True) as stack:
         tmp_path, uri = Path(tmp), f"s3://{stack.bucket}"
         (tmp_path / "stable").mkdir()
-        stable = numpy_mlp_folder(tmp_path / "stable", MODEL)
+        stable = mlp_folder(tmp_path / "stable", MODEL)
         version = publish(stable, uri, s3=stack.s3).version
         ModelRepository(uri, stack.s3).copy_to_production(MODEL, version)
         config = model_config.pin_version(model_config.parse_pbtxt((stable / "config.pbtxt").read_text()), version)
@@ -66,7 +66,7 @@ def main() -> None:
         for server in (stack.gate, *stack.replicas):
             TritonAdmin(server.http_url).load(MODEL, config)
         (tmp_path / "candidate").mkdir()
-        candidate = publish(numpy_mlp_folder(tmp_path / "candidate", MODEL), uri, run_id="aa", s3=stack.s3).version
+        candidate = publish(mlp_folder(tmp_path / "candidate", MODEL), uri, run_id="aa", s3=stack.s3).version
         stage(uri, MODEL, candidate, stack.gate.http_url, s3=stack.s3, run_id="aa")
         targets = [perf.Target(candidate_name(MODEL), str(candidate)), perf.Target(MODEL, str(version))]
         data = perf.write_input_data(X, tmp_path / "input.json", batched=True)

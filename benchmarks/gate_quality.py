@@ -46,7 +46,7 @@ from components.settings import GateSettings
 from components.stage import stage
 from components.triton_admin import TritonAdmin
 from pipelines.stack import EmbeddedStack
-from tests.models import numpy_mlp_folder
+from tests.models import mlp_folder
 from tests.release_helpers import SteadyClient
 
 MODEL = "gq"
@@ -89,7 +89,7 @@ def model_folder(tmp_path: Path, label: str, delay_us: int, gpu_base: Path | Non
     """The stable (delay 0) or a candidate: the numpy MLP, or with `gpu_base` that compiled GPU model."""
     (tmp_path / label).mkdir()
     if gpu_base is None:
-        return numpy_mlp_folder(tmp_path / label, MODEL, delay_us=delay_us)
+        return mlp_folder(tmp_path / label, MODEL, delay_us=delay_us)
     folder = shutil.copytree(gpu_base, tmp_path / label / MODEL)
     if delay_us:
         model_py = folder / "1" / "model.py"

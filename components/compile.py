@@ -33,7 +33,7 @@ from components.errors import TritonshipError
 from components.export import ExportedModel, read_export
 from components.model_config import validate_model_name
 from components.parity import DEFAULT_TOLERANCES, OutputParity, Tolerance, compare, parity_table
-from components.settings import Flavour, Precision, Target
+from components.settings import Precision, Target
 from components.signature import FLOAT_DTYPES, Signature, concrete_shape
 
 LOG = log.get("compile")
@@ -274,7 +274,6 @@ def compile_model(
     target: Target = "torchscript",
     precision: Precision = "fp32",
     device: str = "cpu",
-    flavour: Flavour = "libtorch",
     tolerance: Tolerance | None = None,
     opt_batch: int = 8,
     workspace_gb: float = 2.0,
@@ -290,8 +289,6 @@ def compile_model(
         )
     if out_dir.exists() and any(out_dir.iterdir()):
         raise CompileError(f"{out_dir} already exists and is not empty; choose a new output folder.")
-    if flavour == "python" and target == "tensorrt":
-        raise CompileError("the python flavour (embedded Triton) serves TorchScript only; use --flavour libtorch.")
     validate_model_name(name)
     exported = read_export(export_dir)
     tol = tolerance or Tolerance.for_precision(precision)
@@ -331,7 +328,6 @@ def compile_model(
             name,
             exported.signature,
             compiled_path,
-            flavour,
             exported.golden_inputs,
             exported.golden_outputs,
             fingerprint,

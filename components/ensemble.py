@@ -137,7 +137,7 @@ def write_step(step: Step, folder: Path) -> Path:
     (version_dir / model_folder.PYTHON_MODEL_FILE).write_text(step_source())
     step.signature.save(version_dir / model_folder.SIGNATURE_FILE)
     (version_dir / model_folder.BUILD_FILE).write_text(json.dumps({"kind": "step"}, indent=2))
-    config = build(step.name, step.signature, "python")
+    config = build(step.name, step.signature, python_step=True)
     config.parameters[ROLE_PARAMETER].string_value = STEP_ROLE
     (folder / model_folder.CONFIG_FILE).write_text(to_pbtxt(config))
     return folder
@@ -146,7 +146,7 @@ def write_step(step: Step, folder: Path) -> Path:
 # --------------------------------------------------------------------------------------- ensemble
 def ensemble_config(name: str, signature: Signature, members: list[ModelConfig]) -> ModelConfig:
     """Chain `members` in order; every tensor a step reads must be an ensemble input or an earlier output."""
-    config = build(name, signature, "python")
+    config = build(name, signature, python_step=True)
     config.ClearField("backend")
     config.ClearField("instance_group")
     config.ClearField("dynamic_batching")

@@ -9,11 +9,16 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from components.errors import TritonshipError
-from components.settings import Flavour
+from components.settings import DEFAULT_INTRA_OP_THREADS
 from components.signature import DTYPES, NAME_PATTERN, Signature
 
 ModelConfig = mc.ModelConfig
-FLAVOURS: tuple[str, ...] = ("libtorch", "python")
+PYTORCH_PLATFORM = "pytorch_libtorch"  # Triton's PyTorch (libtorch) backend, what production serves model.pt with
+# The PyTorch backend's parameters that tritonship sets. INTER_OP_THREAD_COUNT is never set: in r24.10 the
+# backend calls at::set_num_interop_threads for every model that names it, which throws on the second call in
+# a process and aborts the whole server (docs/design.md section 5).
+INTRA_OP_PARAMETER = "INTRA_OP_THREAD_COUNT"
+INTER_OP_PARAMETER = "INTER_OP_THREAD_COUNT"
 
 
 CANDIDATE_SUFFIX = "__candidate"
@@ -47,16 +52,24 @@ class ServingSettings:
     # an ensemble's Python pre/post steps, whose per-request cost is CPU and scales with processes rather
     # than with the model's instances (None: instance_count; ignored for a single model)
     step_instance_count: int | None = None
+    # the PyTorch backend's intra-op threads (at::set_num_threads). Always written: the setting is the
+    # process's, and a model that names none runs with whatever the model loaded before it set.
+    intra_op_threads: int = DEFAULT_INTRA_OP_THREADS
+
+    def __post_init__(self) -> None:
+        if self.intra_op_threads < 1:
+            raise ValueError(f"intra_op_threads must be at least 1, not {self.intra_op_threads}")
 
 
 def build(
     name: str,
     signature: Signature,
-    flavour: Flavour,
     gpu: bool = False,
     settings: ServingSettings | None = None,
+    python_step: bool = False,
 ) -> ModelConfig:
-    """The config.pbtxt for a compiled model: inputs/outputs in the signature's order.
+    """The config.pbtxt for a compiled model (Triton's PyTorch backend) or, with `python_step`, an
+    ensemble's Python-backend step: inputs/outputs in the signature's order.
 
     Triton's PyTorch backend binds tensors whose names follow neither its INPUT__<i> convention nor
     the forward() argument names by position, so the signature's order must be forward()'s order
@@ -64,12 +77,11 @@ def build(
     """
     settings = settings or ServingSettings()
     config = mc.ModelConfig(name=name)
-    if flavour == "libtorch":
-        config.platform = "pytorch_libtorch"
-    elif flavour == "python":
+    if python_step:
         config.backend = "python"
     else:
-        raise ModelConfigError(f"unknown serving flavour {flavour!r}; use one of {', '.join(FLAVOURS)}.")
+        config.platform = PYTORCH_PLATFORM
+        config.parameters[INTRA_OP_PARAMETER].string_value = str(settings.intra_op_threads)
     batched = signature.batch
     config.max_batch_size = (settings.max_batch_size or signature.max_batch_size) if batched else 0
     for specs, field in ((signature.inputs, config.input), (signature.outputs, config.output)):
@@ -112,7 +124,25 @@ def with_settings(config: ModelConfig, settings: ServingSettings) -> ModelConfig
         copy.dynamic_batching.preferred_batch_size.extend(settings.preferred_batch_sizes)
     for group in copy.instance_group:
         group.count = settings.instance_count
+    if copy.platform == PYTORCH_PLATFORM:
+        copy.parameters[INTRA_OP_PARAMETER].string_value = str(settings.intra_op_threads)
     return copy
+
+
+def intra_op_threads(config: ModelConfig) -> int:
+    """The PyTorch backend's intra-op thread count a config serves with (the default when it names none)."""
+    value = config.parameters[INTRA_OP_PARAMETER].string_value if INTRA_OP_PARAMETER in config.parameters else ""
+    return int(value) if value.strip().isdigit() and int(value) > 0 else DEFAULT_INTRA_OP_THREADS
+
+
+def refuse_server_aborting_parameters(config: ModelConfig, source: str = "config.pbtxt") -> None:
+    """Refuse what would abort a PyTorch-backend server rather than fail one model (see INTER_OP_PARAMETER)."""
+    if INTER_OP_PARAMETER in config.parameters:
+        raise ModelConfigError(
+            f"{source} sets {INTER_OP_PARAMETER}, which makes Triton's PyTorch backend (r24.10) abort the whole "
+            f"server once a second model sets it or the model is reloaded; remove that parameter "
+            f"({INTRA_OP_PARAMETER} is the thread setting tritonship tunes)."
+        )
 
 
 def to_pbtxt(config: ModelConfig) -> str:

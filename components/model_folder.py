@@ -1,8 +1,7 @@
 """The Triton model folder the compile step writes and the publish step uploads.
 
     <folder>/config.pbtxt          generated from the signature
-    <folder>/1/model.pt            the compiled TorchScript
-    <folder>/1/model.py            only for the `python` flavour (embedded Triton, no PyTorch backend)
+    <folder>/1/model.pt            the compiled TorchScript (Triton's PyTorch backend, platform pytorch_libtorch)
     <folder>/1/signature.yaml      the I/O signature
     <folder>/1/golden.npz          golden inputs (in:<name>) and eager fp32 reference outputs (out:<name>)
     <folder>/1/build.json          the build fingerprint (torch, TensorRT, CUDA, GPU, image, parity figures)
@@ -21,13 +20,19 @@ from typing import Any
 import numpy as np
 
 from components.errors import TritonshipError
-from components.model_config import ModelConfig, build, check_against, parse_pbtxt, to_pbtxt
-from components.settings import Flavour
+from components.model_config import (
+    ModelConfig,
+    build,
+    check_against,
+    parse_pbtxt,
+    refuse_server_aborting_parameters,
+    to_pbtxt,
+)
 from components.signature import Signature
 
 VERSION_DIR = "1"
 MODEL_FILE = "model.pt"
-PYTHON_MODEL_FILE = "model.py"
+PYTHON_MODEL_FILE = "model.py"  # an ensemble step's (the Python backend's) entry point
 SIGNATURE_FILE = "signature.yaml"
 GOLDEN_FILE = "golden.npz"
 BUILD_FILE = "build.json"
@@ -36,10 +41,6 @@ CONFIG_FILE = "config.pbtxt"
 
 class ModelFolderError(TritonshipError):
     """A model folder is incomplete or inconsistent."""
-
-
-def python_backend_source() -> str:
-    return (Path(__file__).parent / "templates" / "python_backend_model.py").read_text()
 
 
 def save_golden(path: Path, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
@@ -88,7 +89,6 @@ def write(
     name: str,
     signature: Signature,
     model_file: Path,
-    flavour: Flavour,
     golden_inputs: dict[str, np.ndarray],
     golden_outputs: dict[str, np.ndarray],
     fingerprint: dict[str, Any],
@@ -100,12 +100,10 @@ def write(
     version_dir = folder / VERSION_DIR
     version_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(model_file, version_dir / MODEL_FILE)
-    if flavour == "python":
-        (version_dir / PYTHON_MODEL_FILE).write_text(python_backend_source())
     signature.save(version_dir / SIGNATURE_FILE)
     save_golden(version_dir / GOLDEN_FILE, golden_inputs, golden_outputs)
     (version_dir / BUILD_FILE).write_text(json.dumps(fingerprint, indent=2, sort_keys=True))
-    (folder / CONFIG_FILE).write_text(to_pbtxt(build(name, signature, flavour, gpu=gpu)))
+    (folder / CONFIG_FILE).write_text(to_pbtxt(build(name, signature, gpu=gpu)))
     return folder
 
 
@@ -120,10 +118,6 @@ class ModelFolder:
     @property
     def version_dir(self) -> Path:
         return self.path / VERSION_DIR
-
-    @property
-    def flavour(self) -> str:
-        return "python" if self.config.backend == "python" else "libtorch"
 
     def files(self) -> list[Path]:
         """Every file to publish, relative to the folder, config.pbtxt included."""
@@ -165,4 +159,5 @@ def read(folder: Path) -> ModelFolder:
         raise ModelFolderError(f"{folder} uses the python backend but has no {VERSION_DIR}/{PYTHON_MODEL_FILE}.")
     signature = Signature.load(version_dir / SIGNATURE_FILE)
     check_against(config, signature, str(config_path))
+    refuse_server_aborting_parameters(config, str(config_path))
     return ModelFolder(folder, config, signature)

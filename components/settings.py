@@ -17,7 +17,6 @@ DESIGNS: tuple[Design, ...] = ("duet", "alternating")
 ExportMethod = Literal["auto", "export", "script", "trace"]  # auto: torch.export, then TorchScript
 Target = Literal["torchscript", "tensorrt"]
 Precision = Literal["fp32", "fp16", "bf16"]
-Flavour = Literal["libtorch", "python"]  # Triton's PyTorch backend, or model.pt through the Python backend
 
 DEFAULT_CONCURRENCY = 1
 DEFAULT_WINDOW_MS = 1000
@@ -29,6 +28,10 @@ DEFAULT_MAX_REGRESSION_PCT = 10.0
 # perf_analyzer's stability check, relaxed: any three windows count as stable, so a run always reports.
 RELAXED_STABILITY_PCT = 1000.0
 DEFAULT_INSTANCE_COUNTS = (1, 2, 3)  # tune's instance counts (a 16-core GPU host gains from 4: benchmarks/README.md)
+# The PyTorch backend's intra-op threads per model: one, so that instances and models do not oversubscribe
+# the cores (the backend's own default takes them all, per model); tune tries the counts below.
+DEFAULT_INTRA_OP_THREADS = 1
+DEFAULT_INTRA_OP_THREAD_COUNTS = (1, 2)
 
 
 @dataclass(frozen=True)

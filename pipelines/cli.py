@@ -137,9 +137,6 @@ def compile_cmd(
     target: Annotated[settings.Target, typer.Option(help="what to compile to")] = "torchscript",
     precision: Annotated[settings.Precision, typer.Option(help="bf16 with tensorrt only")] = "fp32",
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
-    flavour: Annotated[
-        settings.Flavour, typer.Option(help="libtorch: Triton's PyTorch backend; python: the embedded Triton")
-    ] = "libtorch",
     atol: Annotated[float | None, typer.Option(help="absolute tolerance (default by precision)")] = None,
     rtol: Annotated[float | None, typer.Option(help="relative tolerance (default by precision)")] = None,
     int_mismatch: Annotated[float | None, typer.Option(help="share of integer output elements that may differ")] = None,
@@ -152,7 +149,7 @@ def compile_cmd(
     tolerance = Tolerance.for_precision(precision, atol, rtol, int_mismatch)
     with console.status(f"compiling for {target} ({precision}, {device})"):
         result = compile_model(
-            export_dir, out, name, target, precision, device, flavour, tolerance=tolerance, opt_batch=opt_batch, workspace_gb=workspace_gb,
+            export_dir, out, name, target, precision, device, tolerance=tolerance, opt_batch=opt_batch, workspace_gb=workspace_gb,
         )  # fmt: skip
     out_console_line(parity_table(result.parity))
     out_console_line(f"compiled {target}/{precision} on {result.device} in {result.seconds:.1f} s -> {result.out_dir}")

@@ -43,7 +43,6 @@ def demo_parameters(
         "compile_target": "torchscript",
         "precision": "fp32",
         "compile_device": "cpu",
-        "serving_flavour": "python",
         "repository": f"s3://{stack.bucket}",
         "s3_endpoint": stack.s3.endpoint_url,
         "replicas": ",".join(s.http_url for s in stack.replicas),

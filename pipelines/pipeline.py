@@ -71,7 +71,6 @@ def compile_op(
     target: str,
     precision: str,
     device: str,
-    flavour: str,
     compiled: Output[Model],
     parity: Output[Metrics],
 ):
@@ -80,7 +79,7 @@ def compile_op(
 
     from components.compile import compile_model
 
-    result = compile_model(Path(exported.path), Path(compiled.path), model_name, target, precision, device, flavour)
+    result = compile_model(Path(exported.path), Path(compiled.path), model_name, target, precision, device)
     for row in result.parity:
         parity.log_metric(f"{row.name}.{row.check}.max_abs_err", row.max_abs_err)
     parity.log_metric("compile_seconds", round(result.seconds, 3))
@@ -331,12 +330,11 @@ def release_steps(
 
 
 def _compile_task(
-    exported: dsl.PipelineTask, model_name: str, target: str, precision: str, device: str, flavour: str,
+    exported: dsl.PipelineTask, model_name: str, target: str, precision: str, device: str,
     gpu_count: int, gpu_node_selector: dict, gpu_tolerations: list,
 ) -> dsl.PipelineTask:  # fmt: skip
     task = compile_op(
         exported=exported.outputs["exported"], model_name=model_name, target=target, precision=precision, device=device,
-        flavour=flavour,
     )  # fmt: skip
     task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(gpu_count)
     kubernetes.add_node_selector_json(task, gpu_node_selector)
@@ -355,7 +353,6 @@ Args:
     compile_target: tensorrt or torchscript
     precision: fp32 or fp16
     compile_device: cuda or cpu
-    serving_flavour: libtorch (Triton's PyTorch backend) or python (model.pt through the Python backend)
     gpu_count: GPUs the compile step asks for
     gpu_node_selector: node selector of the compile step
     gpu_tolerations: tolerations of the compile step
@@ -379,7 +376,6 @@ def release_pipeline(
     compile_target: str = "tensorrt",
     precision: str = "fp16",
     compile_device: str = "cuda",
-    serving_flavour: str = "libtorch",
     gpu_count: int = 1,
     gpu_node_selector: dict = {"nvidia.com/gpu.present": "true"},  # noqa: B006 (KFP parameter default)
     gpu_tolerations: list = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],  # noqa: B006
@@ -408,7 +404,7 @@ def release_pipeline(
         export_op(model_source=model_source, checkpoint=checkpoint, signature=signature, golden_samples=golden_samples),
         aws_secret_name,
     ).after(gating)
-    compiled = _compile_task(exported, model_name, compile_target, precision, compile_device, serving_flavour, gpu_count,
+    compiled = _compile_task(exported, model_name, compile_target, precision, compile_device, gpu_count,
                              gpu_node_selector, gpu_tolerations)  # fmt: skip
     release_steps(
         compiled=compiled.outputs["compiled"], model_name=model_name, repository=repository, s3_endpoint=s3_endpoint,

@@ -1,7 +1,8 @@
 """The embedded stack: a real S3 server (moto), real tritonservers and a real perf_analyzer on one machine.
 
 Used by the demo, the CLI (`tritonship stack up|down`) and the tests. No Docker: the servers are the
-binaries shipped in PyPI wheels (docs/design.md section 5), installed into `.tools/` by scripts/setup.sh.
+binaries shipped in PyPI wheels and Triton's PyTorch backend built from Triton's sources (docs/design.md
+section 5), installed into `.tools/` by scripts/setup.sh.
 
     with EmbeddedStack(replicas=2, gate=True) as stack:
         stack.s3.client().put_object(...)
@@ -41,6 +42,7 @@ LOG = log.get("stack")
 PRODUCTION_PREFIX = "models"
 STAGING_PREFIX = "staging"
 TRITON_IMAGE_VERSION = "2.51.0"
+PYTORCH_BACKEND = "libtriton_pytorch.so"
 
 
 class StackError(TritonshipError):
@@ -399,7 +401,7 @@ class EmbeddedStack:
 
     def launch_triton(self, name: str, args: Sequence[str], prefixes: Sequence[str] = ()) -> TritonServer:
         """Start the embedded tritonserver with `args` as given (for example as the Helm chart renders
-        them), adding only the embedded Python backend's directory, and wait until it is ready. It reads S3
+        them), adding only the embedded backends' directory, and wait until it is ready. It reads S3
         as the gate principal if it mounts the staging repository, else as a production replica."""
         if name in self.servers:
             raise StackError(f"a server named {name!r} already exists")
@@ -451,18 +453,30 @@ class EmbeddedStack:
         return env
 
     def _backend_directory(self) -> Path:
-        target = self.workdir / "backends" / "python"
-        if not (target / "triton_python_backend_stub").exists():
+        """Triton's PyTorch backend (built by scripts/build_pytorch_backend.sh) beside the wheel's Python
+        backend, which an ensemble's pre/post steps run on."""
+        backends = self.workdir / "backends"
+        python = backends / "python"
+        if not (python / "triton_python_backend_stub").exists():
             source = tools_dir() / "pytriton" / "tritonserver"
             if not source.exists():
-                raise StackError(f"the embedded tritonserver is not installed under {tools_dir()}; run `make setup`.")
-            target.mkdir(parents=True, exist_ok=True)
+                raise StackError(
+                    f"the embedded tritonserver is not installed under {tools_dir()}; run scripts/setup.sh."
+                )
+            python.mkdir(parents=True, exist_ok=True)
             for item in (source / "backends" / "python").iterdir():
                 if item.is_file():
-                    shutil.copy2(item, target / item.name)
+                    shutil.copy2(item, python / item.name)
             version = f"{sys.version_info.major}.{sys.version_info.minor}"
-            shutil.copy2(source / "python_backend_stubs" / version / "triton_python_backend_stub", target)
-        return target.parent
+            shutil.copy2(source / "python_backend_stubs" / version / "triton_python_backend_stub", python)
+        pytorch = backends / "pytorch" / PYTORCH_BACKEND
+        if not pytorch.exists():
+            built = tools_dir() / "backends" / "pytorch" / PYTORCH_BACKEND
+            if not built.is_file():
+                raise StackError(f"Triton's PyTorch backend is not built ({built} is missing); run scripts/setup.sh.")
+            pytorch.parent.mkdir(parents=True, exist_ok=True)
+            pytorch.symlink_to(built.resolve())
+        return backends
 
     # ------------------------------------------------------------------------------------ describe
     def describe(self) -> dict[str, object]:

@@ -2,7 +2,8 @@
 # Installs everything tritonship needs on a fresh Debian 12 machine with Python 3.11; safe to run again.
 #   .venv/   the project's environment (editable install with the dev extras)
 #   .tools/  the embedded tool wheels (tritonserver, perf_analyzer, CUDA runtime stub library), kept
-#            apart so the project can use the current tritonclient API and numpy.
+#            apart so the project can use the current tritonclient API and numpy, and Triton's PyTorch
+#            backend built from Triton's sources against .venv's torch (scripts/build_pytorch_backend.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,12 @@ dpkg -s libb64-0d >/dev/null 2>&1 || need_apt+=(libb64-0d)
 # The Python backend stub links the system libpython3.11.
 ldconfig -p | grep -q 'libpython3.11.so.1.0' || need_apt+=(libpython3.11)
 "$PY" -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3.11-venv)
+# Building Triton's PyTorch backend: a C++17 compiler, CMake, ninja, RapidJSON's headers (git only to clone).
+command -v g++ >/dev/null || need_apt+=(g++)
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v ninja >/dev/null || need_apt+=(ninja-build)
+dpkg -s rapidjson-dev >/dev/null 2>&1 || need_apt+=(rapidjson-dev)
+command -v git >/dev/null || need_apt+=(git)
 if ((${#need_apt[@]})); then
   echo "setup: apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -56,4 +63,5 @@ PY
   rm -rf "$tmp"
   touch "$TOOLS_STAMP"
 fi
+bash scripts/build_pytorch_backend.sh --python .venv/bin/python --tools .tools
 echo "setup: ready"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 import yaml
 from torch import nn
@@ -13,6 +12,7 @@ from components import model_folder
 from components.signature import Signature
 from pipelines.samples import bert4rec, recsys
 from pipelines.samples.recsys import Recommender
+from tests import latency_injection
 
 
 class MLP(nn.Module):
@@ -140,16 +140,24 @@ MLP_SIGNATURE = {
 }
 
 
-def mlp_folder(tmp_path: Path, name: str = "mlp", seed: int = 0) -> Path:
-    """A Triton model folder (python flavour) of a traced MLP, with golden samples."""
+def mlp_folder(
+    tmp_path: Path, name: str = "mlp", seed: int = 0, delay_us: int = 0, weights_seed: int | None = None
+) -> Path:
+    """A Triton model folder (Triton's PyTorch backend) of a traced MLP, with golden samples of MLP(seed).
+
+    The served weights come from `weights_seed` (default: `seed`): another seed is a model that answers
+    wrong. `delay_us` adds busy work inside the TorchScript that takes about that long per sample on an idle
+    core (latency_injection.py): a candidate slower than stable by a known amount."""
     signature = Signature.from_dict(MLP_SIGNATURE)
-    model = MLP(seed=seed).eval()
     golden_in = signature.example_inputs(8)
     with torch.inference_mode():
-        golden_out = {"y": model(torch.from_numpy(golden_in["x"])).numpy()}
-    torch.jit.trace(model, torch.from_numpy(golden_in["x"])).save(tmp_path / f"{name}.pt")
+        golden_out = {"y": MLP(seed=seed).eval()(torch.from_numpy(golden_in["x"])).numpy()}
+    served = MLP(seed=seed if weights_seed is None else weights_seed).eval()
+    traced = torch.jit.trace(served, torch.from_numpy(golden_in["x"]))
+    module = latency_injection.with_busy_work(traced, delay_us) if delay_us else traced
+    module.save(str(tmp_path / f"{name}.pt"))
     return model_folder.write(
-        tmp_path / name, name, signature, tmp_path / f"{name}.pt", "python", golden_in, golden_out, {"test": True}
+        tmp_path / name, name, signature, tmp_path / f"{name}.pt", golden_in, golden_out, {"test": True}
     )
 
 
@@ -192,39 +200,3 @@ MODELS = {
 def write_signature(path: Path, signature: dict) -> Path:
     path.write_text(yaml.safe_dump(signature, sort_keys=False))
     return path
-
-
-def _add_parameter(folder: Path, key: str, value: str) -> None:
-    config = folder / "config.pbtxt"
-    config.write_text(
-        config.read_text() + f'parameters {{\n  key: "{key}"\n  value {{\n    string_value: "{value}"\n  }}\n}}\n'
-    )
-
-
-def delayed_folder(tmp_path: Path, name: str, delay_us: int, seed: int = 0) -> Path:
-    """mlp_folder served by tests/fixtures/delayed_model.py, which sleeps `delay_us` per request."""
-    folder = mlp_folder(tmp_path, name, seed=seed)
-    (folder / "1" / "model.py").write_text((Path(__file__).parent / "fixtures" / "delayed_model.py").read_text())
-    _add_parameter(folder, "delay_us", str(delay_us))
-    return folder
-
-
-def numpy_mlp_folder(
-    tmp_path: Path, name: str, seed: int = 0, delay_us: int = 0, weights_seed: int | None = None
-) -> Path:
-    """mlp_folder served by tests/fixtures/numpy_mlp_model.py (MLP in numpy; loads in ~1 s). The served
-    weights come from `weights_seed` (default: `seed`, the golden outputs' model)."""
-    folder = mlp_folder(tmp_path, name, seed=seed)
-    state = MLP(seed=seed if weights_seed is None else weights_seed).state_dict()
-    np.savez(
-        folder / "1" / "weights.npz",
-        **{
-            f"{k}{i}": state[f"net.{layer}.{kind}"].numpy()
-            for i, layer in enumerate((0, 2))
-            for k, kind in (("w", "weight"), ("b", "bias"))
-        },
-    )
-    (folder / "1" / "model.py").write_text((Path(__file__).parent / "fixtures" / "numpy_mlp_model.py").read_text())
-    if delay_us:
-        _add_parameter(folder, "delay_us", str(delay_us))
-    return folder

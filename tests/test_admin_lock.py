@@ -18,7 +18,7 @@ from components.repository import ModelRepository
 from components.settings import RELAXED_STABILITY_PCT
 from components.triton_admin import TritonAdmin, TritonError
 from pipelines.stack import EmbeddedStack
-from tests.models import numpy_mlp_folder
+from tests.models import mlp_folder
 from tests.release_helpers import ABSOLUTE_GATE, install_stable, repository, stage_and_gate, unique
 
 X = {"x": np.ones((1, 16), np.float32)}
@@ -26,7 +26,7 @@ X = {"x": np.ones((1, 16), np.float32)}
 
 def _folder(tmp_path: Path, name: str, sub: str, **kwargs) -> Path:
     (tmp_path / sub).mkdir()
-    return numpy_mlp_folder(tmp_path / sub, name, **kwargs)
+    return mlp_folder(tmp_path / sub, name, **kwargs)
 
 
 def test_without_the_key_admin_calls_are_refused_and_the_stable_model_serves_on(tmp_path, stack):

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from components.publish import publish
 from pipelines.cli import app
 from pipelines.stack import free_port
-from tests.models import MLP_SIGNATURE, numpy_mlp_folder, write_signature
+from tests.models import MLP_SIGNATURE, mlp_folder, write_signature
 from tests.release_helpers import unique
 
 
@@ -27,7 +27,7 @@ def files(tmp_path_factory, stack) -> dict[str, str]:
     # a candidate published under a root the gate server does not mount
     (root / "m").mkdir()
     name = unique("nomount")
-    publish(numpy_mlp_folder(root / "m", name), f"s3://{stack.bucket}/elsewhere", s3=stack.s3)
+    publish(mlp_folder(root / "m", name), f"s3://{stack.bucket}/elsewhere", s3=stack.s3)
     return {
         "dir": str(root / "a_dir"),
         "missing": str(root / "missing.json"),

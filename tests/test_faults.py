@@ -29,7 +29,7 @@ from components.s3repo import S3Error, S3Settings
 from components.stage import stage
 from components.triton_admin import TritonAdmin
 from pipelines.stack import EmbeddedStack
-from tests.models import numpy_mlp_folder
+from tests.models import mlp_folder
 from tests.release_helpers import ABSOLUTE_GATE, SteadyClient, install_stable, replicas, unique
 
 X = {"x": np.ones((1, 16), np.float32)}
@@ -97,7 +97,7 @@ def _published_and_gated(stack: EmbeddedStack, folder: Path, run_id: str) -> int
 
 def _mlp(tmp_path: Path, name: str, sub: str, seed: int = 0) -> Path:
     (tmp_path / sub).mkdir()
-    return numpy_mlp_folder(tmp_path / sub, name, seed=seed)
+    return mlp_folder(tmp_path / sub, name, seed=seed)
 
 
 # ------------------------------------------------------------------------------------------ S3 outages

@@ -17,7 +17,7 @@ from components.promote import PartialRevert, PromotionError, promote, reject
 from components.repository import ModelRepository, candidate_name
 from components.triton_admin import TritonAdmin
 from pipelines.stack import free_port
-from tests.models import numpy_mlp_folder
+from tests.models import mlp_folder
 from tests.release_helpers import (
     ABSOLUTE_GATE,
     TEST_GATE,
@@ -37,7 +37,7 @@ X = {"x": np.ones((1, 16), np.float32)}
 def _folder(tmp_path: Path, name: str, sub: str, **kwargs) -> Path:
     """The test MLP served with numpy (loads in ~1 s, not ~5 s with torch in the backend stub)."""
     (tmp_path / sub).mkdir()
-    return numpy_mlp_folder(tmp_path / sub, name, **kwargs)
+    return mlp_folder(tmp_path / sub, name, **kwargs)
 
 
 def _served(stack, name: str) -> list[int]:

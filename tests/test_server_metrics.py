@@ -10,7 +10,7 @@ from pathlib import Path
 
 from components import server_metrics
 from pipelines.stack import free_port
-from tests.models import numpy_mlp_folder
+from tests.models import mlp_folder
 from tests.release_helpers import ABSOLUTE_GATE, stage_and_gate, unique
 
 
@@ -27,9 +27,7 @@ def test_one_sample_reads_the_cpu_figures_and_no_gpu_from_a_cpu_triton(stack):
 
 def test_the_gate_reports_the_servers_utilisation_while_it_measured(tmp_path, stack):
     name = unique("metrics")
-    _version, _staged, verdict = stage_and_gate(
-        stack, numpy_mlp_folder(tmp_path, name), ABSOLUTE_GATE, tmp_path / "gate"
-    )
+    _version, _staged, verdict = stage_and_gate(stack, mlp_folder(tmp_path, name), ABSOLUTE_GATE, tmp_path / "gate")
     assert verdict.verdict == "pass", verdict.reasons
     assert verdict.server["samples"] >= 2 and 0 < verdict.server["cpu_util_pct_mean"] <= 100
     assert "gpu_util_pct_mean" not in verdict.server

@@ -18,7 +18,7 @@ from components.settings import GateSettings, Thresholds
 from components.stage import stage
 from components.triton_admin import TritonAdmin
 from pipelines.stack import EmbeddedStack
-from tests.models import numpy_mlp_folder
+from tests.models import mlp_folder
 from tests.release_helpers import SteadyClient, replicas, unique
 
 RELEASES = 9
@@ -37,10 +37,10 @@ def _candidate(tmp_path: Path, name: str, i: int) -> tuple[Path, str]:
     where = tmp_path / f"c{i}"
     where.mkdir()
     if i % 5 == 2:
-        return numpy_mlp_folder(where, name, seed=i, weights_seed=99), "rejected"
+        return mlp_folder(where, name, seed=i, weights_seed=99), "rejected"
     if i % 5 == 4:
-        return numpy_mlp_folder(where, name, seed=i, delay_us=20_000), "rejected"
-    return numpy_mlp_folder(where, name, seed=i), "promoted"
+        return mlp_folder(where, name, seed=i, delay_us=20_000), "rejected"
+    return mlp_folder(where, name, seed=i), "promoted"
 
 
 def _processes_under(pid: int) -> list[tuple[int, str]]:

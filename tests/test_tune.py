@@ -20,7 +20,7 @@ from components.settings import RELAXED_STABILITY_PCT
 from components.stage import stage
 from components.triton_admin import TritonAdmin
 from components.tune import TuneSettings, grid, knobs, search, tune
-from tests.models import numpy_mlp_folder
+from tests.models import mlp_folder
 from tests.release_helpers import TEST_GATE, replicas, repository, unique
 
 DEFAULT = ServingSettings(max_batch_size=32, dynamic_batching=True, max_queue_delay_us=0, instance_count=1)
@@ -210,7 +210,7 @@ def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stac
     S3 is not written until promotion, which puts the chosen settings into production's config.pbtxt."""
     name = unique("tune")
     (tmp_path / "v1").mkdir()
-    folder = numpy_mlp_folder(tmp_path / "v1", name)
+    folder = mlp_folder(tmp_path / "v1", name)
     settings = TuneSettings(
         load=perf.LoadSettings(concurrency=4, window_ms=500, stability_pct=RELAXED_STABILITY_PCT),
         instance_counts=(1, 2), queue_delays_us=(0, 2000), budget=6, min_gain_pct=0,
@@ -259,7 +259,7 @@ def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stac
 def test_the_gate_report_and_history_carry_the_tuning_table(tmp_path, stack):
     name = unique("tunegate")
     (tmp_path / "v1").mkdir()
-    version = publish(numpy_mlp_folder(tmp_path / "v1", name), repository(stack), s3=stack.s3).version
+    version = publish(mlp_folder(tmp_path / "v1", name), repository(stack), s3=stack.s3).version
     staged = stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
     small = TuneSettings(load=perf.LoadSettings(concurrency=2, window_ms=500, stability_pct=RELAXED_STABILITY_PCT),
                          instance_counts=(1,), queue_delays_us=(0, 1000), budget=3)  # fmt: skip

@@ -52,7 +52,7 @@ def train_and_release(
     )  # fmt: skip
     compiled = compile_op(
         exported=exported.outputs["exported"], model_name=model_name, target="torchscript", precision="fp32",
-        device="cpu", flavour="python",
+        device="cpu",
     )  # fmt: skip
     gating = gate_settings_op(flat={"max_p99_ms": max_p99_ms})  # the gate's defaults otherwise
     release_steps(

@@ -152,7 +152,7 @@ def build_bundle(
     precision: str = "fp32",
     tolerance: Tolerance | None = None,
 ) -> Path:
-    """Export (default method) and compile the model (TorchScript, python flavour for the embedded Triton;
+    """Export (default method) and compile the model (TorchScript for Triton's PyTorch backend;
     on `device` at `precision`, checked at `tolerance`, else the precision's), then assemble the release
     bundle with the pre- and postprocessing steps. The size is the factory's model's."""
     from components.compile import compile_model
@@ -167,7 +167,7 @@ def build_bundle(
         (work / "signature.json").write_text(json.dumps(signatures["model"]))
         export(f"pipelines.samples.bert4rec:{factory}", work / "signature.json", work / "export")
         compile_model(work / "export", work / f"{name}_model", f"{name}_model", precision=precision, device=device,
-                      flavour="python", tolerance=tolerance)  # fmt: skip
+                      tolerance=tolerance)  # fmt: skip
         steps = []
         for role in ("pre", "post"):
             directory = work / f"{name}_{role}"

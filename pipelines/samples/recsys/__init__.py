@@ -101,14 +101,14 @@ def _step(name: str, source: Path, signature: dict, where: Path) -> Step:
 
 
 def build_bundle(out: Path, factory: str = "recommender_v1", name: str = "recsys", wrong_id_map: bool = False) -> Path:
-    """Export and compile the recommender (TorchScript, python flavour for the embedded Triton), then
+    """Export and compile the recommender (TorchScript for Triton's PyTorch backend), then
     assemble the release bundle. `wrong_id_map` ships a postprocessing table that disagrees with the one
     the reference was computed with (a packaging mistake the accuracy check must catch)."""
     with tempfile.TemporaryDirectory(prefix="tritonship-recsys-") as tmp:
         work = Path(tmp)
         (work / "signature.json").write_text(json.dumps(MODEL_SIGNATURE))
         export(f"pipelines.samples.recsys:{factory}", work / "signature.json", work / "export")
-        compile_model(work / "export", work / f"{name}_model", f"{name}_model", flavour="python")
+        compile_model(work / "export", work / f"{name}_model", f"{name}_model")
         pre = _step(f"{name}_pre", HERE / "pre", PRE_SIGNATURE, work)
         post = _step(f"{name}_post", HERE / "post", POST_SIGNATURE, work)
         eager = globals()[factory]()
