@@ -31,7 +31,18 @@ def rows(result: GateResult) -> list[tuple[str, str, str, str, str, str]]:
 SUMMARY_HEADER = ("model", "rounds", "requests", "infer/s", "p50 ms", "p99 ms")
 
 
-TUNING_HEADER = ("instances", "max batch", "queue delay µs", "preferred", "infer/s", "p99 ms", "GPU %", "CPU %", "")
+TUNING_HEADER = (
+    "instances",
+    "threads",
+    "max batch",
+    "queue delay µs",
+    "preferred",
+    "infer/s",
+    "p99 ms",
+    "GPU %",
+    "CPU %",
+    "",
+)
 
 
 def tuning_rows(tuning: dict[str, Any] | None) -> list[tuple[str, ...]]:
@@ -46,7 +57,7 @@ def tuning_rows(tuning: dict[str, Any] | None) -> list[tuple[str, ...]]:
         if settings == tuning["default"]:
             note = f"default{', ' + note if note else ''}"
         out.append((
-            _instances(settings), str(settings["max_batch_size"] or "-"),
+            _instances(settings), str(settings.get("intra_op_threads", "-")), str(settings["max_batch_size"] or "-"),
             str(settings["max_queue_delay_us"]) if settings["dynamic_batching"] else "off",
             ",".join(map(str, settings["preferred_batch_sizes"])) or "-",
             _fmt(trial["throughput"], ",.0f"), _fmt(trial["p99_ms"], ".3f"),
@@ -72,7 +83,7 @@ def tuning_markdown(t: dict[str, Any] | None) -> list[str]:
         *(["", f"The search's winner, {t['confirmation']}."] if t.get("confirmation") else []),
         "",
         f"| {' | '.join(TUNING_HEADER)} |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
         *[f"| {' | '.join(row)} |" for row in tuning_rows(t)],
     ]
 

@@ -128,7 +128,7 @@ def stage(
             gate.load(name, candidate.candidate_config())
             gate.wait_ready(name, version)
         except TritonUnreachable:
-            raise
+            load_error = _went_down(gate, "loading")
         except TritonError as exc:
             load_error = _load_error(gate, name, repo, exc)
             for member in candidate.member_candidate_configs():  # nothing half-staged stays on the gate
@@ -136,7 +136,10 @@ def stage(
                     gate.unload(member.name)
         load_seconds = time.monotonic() - started
         if not load_error:
-            accuracy = served_accuracy(gate, name, candidate, version)
+            try:
+                accuracy = served_accuracy(gate, name, candidate, version)
+            except TritonUnreachable:
+                load_error = _went_down(gate, "answering")
     passed = not load_error and all(r.passed for r in accuracy)
     result = StageResult(model, version, name, gate.url, passed, accuracy, round(load_seconds, 3), load_error)
     repo.record(
@@ -151,14 +154,39 @@ def stage(
     return result
 
 
+def _went_down(gate: TritonAdmin, doing: str) -> str:
+    """The candidate took the gate server down (or it stopped answering): the step's result, not its error."""
+    try:
+        gate.ensure_live()
+    except TritonUnreachable:
+        return (
+            f"the gate server {gate.url} went down while {doing} the candidate: Triton's PyTorch backend runs inside "
+            "the server's process, so a model that crashes libtorch takes the server with it; production is "
+            "untouched, and the gate server serves again once restarted (the Helm chart's pod restarts by itself; "
+            "an embedded stack: `tritonship stack down` and `tritonship stack up`)"
+        )
+    raise TritonUnreachable(
+        f"the gate server {gate.url} stopped answering while {doing} the candidate but is live; try again."
+    )
+
+
+def server_reason(message: str) -> str:
+    """The server's own reason in one sentence: libtorch's errors run on over many lines of advice and frames."""
+    first = message.strip().splitlines()[0] if message.strip() else message
+    first = first.rsplit("Internal: ", 1)[-1]  # Triton's "load failed … UNAVAILABLE state: Internal: " prefix
+    sentence = first.split(". ", 1)[0].rstrip(".")
+    return sentence[:400]
+
+
 def _load_error(gate: TritonAdmin, name: str, repo: ModelRepository, exc: TritonError) -> str:
-    """Why the load failed; when the gate does not see the candidate at all, what it does see."""
+    """Why the load failed, in the server's own words; when the gate does not see the candidate at all, what
+    it does see."""
     try:
         listed = sorted({entry["name"] for entry in gate.repository_index()})
     except TritonError:
         return str(exc)
     if name in listed:
-        return str(exc)
+        return f"Triton at {gate.url} refused to load {name}: {server_reason(str(exc))}"
     shown = ", ".join(listed[:12]) + (f" and {len(listed) - 12} more" if len(listed) > 12 else "") or "nothing"
     return (
         f"the gate server {gate.url} does not see {name} in its model repositories (it lists {shown}): start it "

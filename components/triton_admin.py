@@ -3,6 +3,7 @@ repository index, statistics and inference, with time limits, retries and errors
 
 from __future__ import annotations
 
+import http.client
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -242,7 +243,7 @@ class TritonAdmin:
                         continue
                     raise TritonUnreachable(self._unreachable(what)) from None
                 raise TritonError(f"Triton at {self.url} could not {what}: {exc.message()}{self._hint(exc)}") from None
-            except OSError:
+            except (OSError, http.client.HTTPException):  # HTTPException: the server closed the connection
                 if attempt < attempts:
                     time.sleep(0.5 * attempt)
                     continue

@@ -1,7 +1,7 @@
 """Tune step: find the candidate's serving settings on the gate server before it is gated.
 
-Each setting (max_batch_size, dynamic batching delay and preferred batch sizes, instance count, and for an
-ensemble the instance count of its pre/post steps) is tried
+Each setting (max_batch_size, dynamic batching delay and preferred batch sizes, instance count, the PyTorch
+backend's intra-op threads, and for an ensemble the instance count of its pre/post steps) is tried
 by reloading `<model>__candidate` on the gate through the load API with a config override (S3 is never
 written) and measuring it with perf_analyzer at the gate's load. The chosen setting has the highest
 throughput whose p99 stays within the latency limit: the given one, or else the default setting's p99
@@ -39,7 +39,7 @@ from components.model_config import ServingSettings
 from components.repository import ModelRepository, candidate_name
 from components.results import Trial, TuneResult
 from components.s3repo import S3Settings
-from components.settings import DEFAULT_INSTANCE_COUNTS, RELAXED_STABILITY_PCT
+from components.settings import DEFAULT_INSTANCE_COUNTS, DEFAULT_INTRA_OP_THREAD_COUNTS, RELAXED_STABILITY_PCT
 from components.stage import CandidateVersion, read_candidate
 from components.triton_admin import TritonAdmin, TritonError
 
@@ -58,6 +58,7 @@ class TuneSettings:
     budget: int = 16
     min_gain_pct: float = 5.0
     instance_counts: tuple[int, ...] = DEFAULT_INSTANCE_COUNTS
+    intra_op_thread_counts: tuple[int, ...] = DEFAULT_INTRA_OP_THREAD_COUNTS
     queue_delays_us: tuple[int, ...] = (0, 500, 2000, 8000)
     perf_timeout_s: float = 120.0
 
@@ -83,6 +84,7 @@ def default_settings(
         max_queue_delay_us=config.dynamic_batching.max_queue_delay_microseconds if batching else 0,
         preferred_batch_sizes=tuple(config.dynamic_batching.preferred_batch_size) if batching else (),
         instance_count=config.instance_group[0].count if config.instance_group else 1,
+        intra_op_threads=model_config.intra_op_threads(config),
     )
 
 
@@ -107,6 +109,9 @@ def knobs(default: ServingSettings, settings: TuneSettings) -> list[Knob]:
     def instances(c: ServingSettings) -> list[ServingSettings]:
         return [dataclasses.replace(c, instance_count=n) for n in settings.instance_counts]
 
+    def intra_op(c: ServingSettings) -> list[ServingSettings]:
+        return [dataclasses.replace(c, intra_op_threads=n) for n in settings.intra_op_thread_counts]
+
     def step_instances(c: ServingSettings) -> list[ServingSettings]:
         return [dataclasses.replace(c, step_instance_count=n) for n in settings.instance_counts]
 
@@ -128,6 +133,8 @@ def knobs(default: ServingSettings, settings: TuneSettings) -> list[Knob]:
     # an ensemble's pre/post steps (Python, CPU) get instances of their own: one process each serves a
     # few thousand requests/s whatever the model's speed (benchmarks/README.md, the users' BERT4Rec)
     counts: list[Knob] = [("instance_count", instances)]
+    if len(settings.intra_op_thread_counts) > 1:  # off for a GPU model (tune): its CPU threads barely work
+        counts.append(("intra_op_threads", intra_op))
     if default.step_instance_count is not None:
         counts.append(("step_instance_count", step_instances))
     if not largest:  # a model without a batch dimension: only instances can change
@@ -286,6 +293,14 @@ def _confirm(
     return winner, f"confirmed: {gain:+.1f}% throughput over all runs of both"
 
 
+def _on_gpu(candidate: CandidateVersion) -> bool:
+    """The candidate's model runs on GPU instances (an ensemble's: its model member's)."""
+    configs = [
+        c for c in [candidate.config, *candidate.members.values()] if c.platform == model_config.PYTORCH_PLATFORM
+    ]
+    return any(g.kind == model_config.mc.ModelInstanceGroup.KIND_GPU for c in configs for g in c.instance_group)
+
+
 def tune(
     repository: str,
     model: str,
@@ -305,6 +320,8 @@ def tune(
     repo = ModelRepository(repository, s3)
     candidate = read_candidate(repo, model, version)
     default = default_settings(candidate.config, list(candidate.members.values()))
+    if _on_gpu(candidate):
+        settings = dataclasses.replace(settings, intra_op_thread_counts=(default.intra_op_threads,))
     size = len(grid(default, settings))
     started = time.monotonic()
     if not enabled:

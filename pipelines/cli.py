@@ -429,15 +429,14 @@ def stage_cmd(
 TuningOption = Annotated[Path | None, typer.Option(help="tuning.json written by `tritonship tune`")]
 
 
-def _instance_counts(text: str) -> tuple[int, ...]:
+def _counts(text: str, option: str) -> tuple[int, ...]:
     try:
         counts = tuple(int(part) for part in text.split(","))
     except ValueError:
         counts = ()
     if not counts or min(counts) < 1:
         raise typer.BadParameter(
-            f"give whole numbers of 1 or more, comma-separated (like 1,2,4), not {text!r}",
-            param_hint="--instance-counts",
+            f"give whole numbers of 1 or more, comma-separated (like 1,2,4), not {text!r}", param_hint=option
         )
     return counts
 
@@ -467,6 +466,10 @@ def tune_cmd(
         str,
         typer.Option(help="instance counts tried, comma-separated, for the model and for an ensemble's pre/post steps"),
     ] = ",".join(map(str, DEFAULT_INSTANCE_COUNTS)),
+    intra_op_threads: Annotated[
+        str,
+        typer.Option(help="the PyTorch backend's intra-op thread counts tried, comma-separated (CPU models)"),
+    ] = ",".join(map(str, settings.DEFAULT_INTRA_OP_THREAD_COUNTS)),
     gate_metrics: GateMetricsOption = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:
@@ -480,7 +483,8 @@ def tune_cmd(
     tune_settings = TuneSettings(
         load=LoadSettings(concurrency=concurrency, window_ms=window_ms, stability_pct=stability_pct),
         max_p99_ms=max_p99_ms, p99_slack_pct=p99_slack_pct, budget=budget, min_gain_pct=min_gain_pct,
-        instance_counts=_instance_counts(instance_counts),
+        instance_counts=_counts(instance_counts, "--instance-counts"),
+        intra_op_thread_counts=_counts(intra_op_threads, "--intra-op-threads"),
     )  # fmt: skip
     with console.status(f"tuning {model} v{version} on the gate (at most {budget} settings)"):
         url, metrics_url = _gate_server(gate, gate_metrics)
