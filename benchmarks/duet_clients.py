@@ -4,7 +4,7 @@ machine kept busy by N spinning processes.
 
     .venv/bin/python benchmarks/duet_clients.py [--rounds 30] [--busy 1]
 
-Stable and candidate are the same numpy MLP (tests/fixtures/numpy_mlp_model.py), both loaded on the gate
+Stable and candidate are the same traced MLP (Triton's PyTorch backend), both loaded on the gate
 server; a client sends steady traffic to both production replicas, as in benchmarks/gate_quality.py.
 Rounds take the placements in turn (and alternate which client starts first). For each placement it
 prints the standard deviation over rounds of log(candidate / stable) for p99, p50 and throughput: the

@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/gate_quality.py [--designs duet,alternating] [--injections 0:40,10:20,25:20]
 
-Stable and every candidate are the same MLP served with numpy by tests/fixtures/numpy_mlp_model.py;
-candidates busy-wait a fixed time per request, sized as +0% (A/A), +10%, +25% ... of the stable's
-measured p99 latency ("+25% p99 injected"; `--size-by median` sizes it on the median, as earlier runs
+Stable and every candidate are the same traced MLP served by Triton's PyTorch backend; candidates carry
+busy work inside the TorchScript (tests/latency_injection.py) that takes a fixed time per sample on an idle
+core, sized as +0% (A/A), +10%, +25% ... of the stable's measured p99 latency ("+25% p99 injected"; `--size-by median` sizes it on the median, as earlier runs
 did; `--base-us N` on a fixed N us, since one start-up reading of a p99 can be far off). While every
 decision runs, a client sends steady traffic (100 requests/s each) to both production replicas, as the
 release tests do. Each trial is one full gate decision with the gate's defaults (load
@@ -14,7 +14,8 @@ meanwhile (a busy machine). Reports per design and injection the verdicts, the f
 inconclusive rates on A/A, the detection rate (verdict fail), the observed p99 and throughput changes
 and the seconds per decision.
 With `--gpu` (the lent GPU machine) the stable is the users' BERT4Rec (50,000 items, sequence length 200)
-compiled to fp16 TorchScript and served on the GPU, and each candidate is it with the busy wait appended.
+compiled to fp16 TorchScript and served on the GPU, and each candidate is it with the busy work wrapped
+around it (its loop is timed on the CPU; on the GPU the observed p99 change is the figure to read).
 Prints a table and writes benchmarks/results/gate_quality.json.
 """
 
@@ -46,33 +47,16 @@ from components.settings import GateSettings
 from components.stage import stage
 from components.triton_admin import TritonAdmin
 from pipelines.stack import EmbeddedStack
+from tests import latency_injection
 from tests.models import mlp_folder
 from tests.release_helpers import SteadyClient
 
 MODEL = "gq"
-# A candidate's execute() busy-waits `delay_s` per request after answering (appended to a compiled model.py).
-DELAY_PATCH = """
-
-import time as _time
-
-_served_execute = TritonPythonModel.execute
-
-
-def _execute_with_delay(self, requests):
-    responses = _served_execute(self, requests)
-    deadline = _time.perf_counter() + {delay_s} * len(requests)  # after the answer: added to it, whatever it took
-    while _time.perf_counter() < deadline:
-        pass
-    return responses
-
-
-TritonPythonModel.execute = _execute_with_delay
-"""
 
 
 def gpu_model(tmp_path: Path) -> Path:
     """The users' BERT4Rec (pipelines/samples/bert4rec, USERS size) compiled to fp16 TorchScript on the GPU,
-    served by tritonship's python flavour on a KIND_GPU instance."""
+    served by Triton's PyTorch backend on a KIND_GPU instance."""
     from components.compile import compile_model
     from components.export import export
     from pipelines.samples import bert4rec
@@ -80,20 +64,22 @@ def gpu_model(tmp_path: Path) -> Path:
     (tmp_path / "sig.json").write_text(json.dumps(bert4rec.USERS.signatures()["model"]))
     export("pipelines.samples.bert4rec:users_v1", tmp_path / "sig.json", tmp_path / "export")
     compiled = tmp_path / "gpu" / MODEL
-    compile_model(tmp_path / "export", compiled, MODEL, precision="fp16", device="cuda", flavour="python",
+    compile_model(tmp_path / "export", compiled, MODEL, precision="fp16", device="cuda",
                   tolerance=bert4rec.USERS_FP16_TOLERANCE)  # fmt: skip
     return compiled
 
 
 def model_folder(tmp_path: Path, label: str, delay_us: int, gpu_base: Path | None) -> Path:
-    """The stable (delay 0) or a candidate: the numpy MLP, or with `gpu_base` that compiled GPU model."""
+    """The stable (delay 0) or a candidate: the MLP, or with `gpu_base` that compiled GPU model."""
     (tmp_path / label).mkdir()
     if gpu_base is None:
         return mlp_folder(tmp_path / label, MODEL, delay_us=delay_us)
     folder = shutil.copytree(gpu_base, tmp_path / label / MODEL)
     if delay_us:
-        model_py = folder / "1" / "model.py"
-        model_py.write_text(model_py.read_text() + DELAY_PATCH.format(delay_s=delay_us / 1e6))
+        import torch
+
+        compiled = torch.jit.load(str(folder / "1" / "model.pt"), map_location="cuda")
+        latency_injection.with_busy_work(compiled, delay_us).save(str(folder / "1" / "model.pt"))
     return folder
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Served speed on the lent GPU machine: the embedded Triton (a CUDA build), its Python backend stub for
-# Python 3.12 and perf_analyzer travel there compressed, with the Python packages that machine lacks.
+# Python 3.12 and perf_analyzer travel there compressed, with the Python packages that machine lacks, and
+# Triton's r24.10 sources with RapidJSON's headers: unpack builds the PyTorch backend there with
+# TRITON_ENABLE_GPU=ON against that machine's torch (scripts/build_pytorch_backend.sh --gpu).
 #
 #   bash benchmarks/gpu_served_speed.sh pack   # here: writes .gpu/{tools,stub312,site312}.tar.xz (~77 MB)
 #   bash benchmarks/gpu_served_speed.sh run    # there, from the repo root (see benchmarks/README.md)
@@ -33,6 +35,13 @@ pack() {
     $PLATFORMS --target "$tmp/stub312" numpy==1.26.4
   tar -cJf .gpu/site312.tar.xz -C "$tmp" site312
   tar -cJf .gpu/stub312.tar.xz -C "$tmp" stub312
+  # The backend's sources and RapidJSON (headers and a CMake config that points at them) for the GPU build.
+  mkdir -p "$tmp/backend-src/rapidjson/include"
+  cp -r ../shared/third_party/triton-r24.10 "$tmp/backend-src/"
+  cp -r /usr/include/rapidjson "$tmp/backend-src/rapidjson/include/"
+  printf 'set(RAPIDJSON_INCLUDE_DIRS "${CMAKE_CURRENT_LIST_DIR}/include")\nset(RapidJSON_INCLUDE_DIRS "${RAPIDJSON_INCLUDE_DIRS}")\n' \
+    > "$tmp/backend-src/rapidjson/RapidJSONConfig.cmake"
+  tar -cJf .gpu/stub312.tar.xz -C "$tmp" stub312 backend-src
   (cd .tools && tar -cf - pytriton/tritonserver/bin pytriton/tritonserver/backends pytriton/tritonserver/caches \
     pytriton/tritonserver/python_backend_stubs/3.12 nvidia_pytriton.libs --exclude='libpython3-*' \
     bin/perf_analyzer nvidia/cuda_runtime/lib/libcudart.so.12) | xz -9 -T0 > .gpu/tools.tar.xz
@@ -48,7 +57,8 @@ unpack() {
   if [ -f .gpu/site312.tar.xz ] && [ ! -d "$unpacked/site" ]; then
     mkdir -p "$unpacked/site" "$tools/stub-site"
     tar -xJf .gpu/site312.tar.xz -C "$unpacked/site" --strip-components=1
-    tar -xJf .gpu/stub312.tar.xz -C "$tools/stub-site" --strip-components=1
+    tar -xJf .gpu/stub312.tar.xz -C "$unpacked" stub312 backend-src
+    cp -r "$unpacked"/stub312/. "$tools/stub-site/"
   fi
   if [ -f .gpu/tools.tar.xz ] && [ ! -x "$tools/bin/perf_analyzer" ]; then
     tar -xJf .gpu/tools.tar.xz -C "$tools"
@@ -60,6 +70,8 @@ unpack() {
     return 1
   fi
   export TRITONSHIP_TOOLS=$tools PYTHONPATH=$PWD:$unpacked/site PYTHONUNBUFFERED=1
+  TRITONSHIP_TRITON_SOURCES=$unpacked/backend-src/triton-r24.10 RapidJSON_DIR=$unpacked/backend-src/rapidjson \
+    bash scripts/build_pytorch_backend.sh --gpu --python python3 --tools "$tools" 2>&1 | tee -a "$OUT/backend_build.log"
   nvidia-smi -L | tee "$OUT/machine.txt"
 }
 
@@ -68,7 +80,7 @@ run() {
   python3 benchmarks/served_speed.py --device cuda --concurrency 1 16 --repeats 3 2>&1 \
     | grep -v "DEBUG\|frombuffer\|UserWarning" | tee "$OUT/served_speed.log"
   cp benchmarks/results/served_speed_cuda_*.json "$OUT/"
-  python3 -m pytest -p no:cacheprovider -m gpu -k python_flavour tests/test_export_compile.py 2>&1 \
+  python3 -m pytest -p no:cacheprovider -m gpu -k gpu_instance tests/test_export_compile.py 2>&1 \
     | tee "$OUT/pytest_gpu_served.log"
 }
 

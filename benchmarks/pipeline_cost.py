@@ -51,7 +51,7 @@ def release(stack: EmbeddedStack, tmp: Path, model: str, source: str) -> dict[st
 
     (tmp / "sig.yaml").write_text(SAMPLE_SIGNATURE)
     timed("export", lambda: export(source, tmp / "sig.yaml", tmp / "export"))
-    timed("compile", lambda: compile_model(tmp / "export", tmp / "folder", model, flavour="python"))
+    timed("compile", lambda: compile_model(tmp / "export", tmp / "folder", model))
     version = timed("publish", lambda: publish(tmp / "folder", repo, s3=stack.s3)).version
     staged = timed(
         "stage", lambda: stage(repo, model, version, stack.gate.http_url, s3=stack.s3), lambda r: r.load_seconds

@@ -4,7 +4,7 @@ limit, and how much of the full grid the coordinate search measured to get withi
     .venv/bin/python benchmarks/tuning.py [--concurrency 4] [--window-ms 500]
 
 For the recommender (two int64 inputs, top-k outputs) and the small CNN: export, compile (TorchScript,
-python flavour), publish, stage on the gate, run the tune step (coordinate search), then measure every
+Triton's PyTorch backend), publish, stage on the gate, run the tune step (coordinate search), then measure every
 setting of the full grid once on the same gate. Each setting is measured by the tune step's own code
 (GateBench: reload with a config override, warm up, perf_analyzer). Writes
 benchmarks/results/tuning.json and prints a table.
@@ -55,7 +55,7 @@ def main() -> None:
             factory, signature = MODELS[name]
             write_signature(tmp_path / f"{name}.yaml", signature)
             export(factory, tmp_path / f"{name}.yaml", tmp_path / f"{name}-export")
-            compile_model(tmp_path / f"{name}-export", tmp_path / name, name, flavour="python")
+            compile_model(tmp_path / f"{name}-export", tmp_path / name, name)
             version = publish(tmp_path / name, repository, s3=stack.s3).version
             stage(repository, name, version, stack.gate.http_url, s3=stack.s3)
 

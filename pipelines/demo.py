@@ -73,7 +73,7 @@ def print_table(console: Console, table: Table, rows: list[list[str]]) -> None:
     leave the table and follow it in full, one plain line each."""
     wide = console.is_terminal and console.measure(table).maximum <= console.width
     if wide:
-        print_table(console, table, rows)
+        console.print(table)
         return
     plain = Table(*[c.header for c in table.columns[:-1]], title=table.title)
     for row in rows:
@@ -83,9 +83,15 @@ def print_table(console: Console, table: Table, rows: list[list[str]]) -> None:
         console.print(f"{row[0]}: {row[-1] or '-'}", soft_wrap=True, highlight=False)
 
 
-def story_differences(runs: list[LocalRun], served: list[int | None]) -> list[str]:
-    """Where the releases did not end as the demo's story says (empty when they did)."""
+def story_differences(
+    runs: list[LocalRun], served: list[int | None], backends: list[dict[str, str]] | None = None
+) -> list[str]:
+    """Where the releases did not end as the demo's story says (empty when they did). `backends`: each
+    replica's served models and the backend each runs, as the server reports them."""
     problems = []
+    for replica, models in enumerate(backends or []):
+        if "pytorch_libtorch/pytorch" not in models.values():
+            problems.append(f"prod-{replica} serves no model with Triton's PyTorch backend: {models}")
     for (label, _source, expected), run in zip(RELEASES, runs, strict=True):
         outcome = "promoted" if run.promoted else "rejected" if run.rejected else "neither promoted nor rejected"
         if outcome != expected:
@@ -120,13 +126,15 @@ def run_demo(console: Console, workdir: Path | None = None) -> int:
             console.print(f"  {label}: {run.verdict['verdict'] if run.verdict else '-'}  ({run.root})", soft_wrap=True)
         request = {k: v[:1] for k, v in bert4rec_request().items()}
         served = [_served(s.http_url, request) for s in stack.replicas]
+        backends = [served_backends(s.http_url) for s in stack.replicas]
     print_table(console, table, rows)
     console.print(f"a client request to each production replica was answered by version(s) {served}")
+    console.print(f"what prod-0 serves, as its model configs say (platform/backend): {backends[0]}", soft_wrap=True)
     console.print("gate reports:")
     for run in runs:
         console.print(f"  {run.root / 'gate-op' / 'report_html'}", soft_wrap=True, highlight=False)
     console.print(f"finished in {time.monotonic() - started:.0f} s")
-    problems = story_differences(runs, served)
+    problems = story_differences(runs, served, backends)
     for problem in problems:
         console.print(f"[red]the demo did not end as its story says: {problem}[/]", soft_wrap=True)
     return 1 if problems else 0
@@ -136,6 +144,14 @@ def bert4rec_request() -> dict[str, np.ndarray]:
     from components.signature import Signature
 
     return Signature.from_dict(bert4rec.MODEL_SIGNATURE).example_inputs(1, seed=7)
+
+
+def served_backends(url: str) -> dict[str, str]:
+    """Each READY model of a server and `platform/backend` from its own model config."""
+    with TritonAdmin(url) as admin:
+        ready = sorted(m["name"] for m in admin.repository_index() if m.get("state") == "READY")
+        configs = {name: admin.model_config(name) for name in ready}
+    return {name: f"{c.get('platform', '')}/{c.get('backend', '')}" for name, c in configs.items()}
 
 
 def _served(url: str, request: dict[str, np.ndarray]) -> int | None:

@@ -38,7 +38,7 @@ def test_model_exports_compiles_and_triton_answers_like_eager(key, tmp_path, sta
     info = json.loads((export_dir / "export.json").read_text())
     assert info["method"] == "torch.export" and info["fallback_reason"] is None
     name = f"ec_{key}"
-    result = compile_model(export_dir, tmp_path / name, name, flavour="python")
+    result = compile_model(export_dir, tmp_path / name, name)
     assert result.parity and all(r.passed for r in result.parity)
     exported = read_export(export_dir)
     batches = {f"batch {b}" for b in (1, exported.signature.max_batch_size)}
@@ -47,7 +47,7 @@ def test_model_exports_compiles_and_triton_answers_like_eager(key, tmp_path, sta
         assert len({r.check for r in result.parity if r.check.startswith("dynamic dims")}) == 2
 
     folder = model_folder.read(tmp_path / name)
-    assert folder.config.backend == "python" and folder.config.max_batch_size == folder.signature.max_batch_size
+    assert folder.config.platform == "pytorch_libtorch" and folder.config.max_batch_size == folder.signature.max_batch_size
     fingerprint = folder.fingerprint()
     assert fingerprint["torch"] == torch.__version__ and fingerprint["target"] == "torchscript"
 
@@ -56,14 +56,17 @@ def test_model_exports_compiles_and_triton_answers_like_eager(key, tmp_path, sta
 
 
 def _assert_triton_answers(stack, s3, folder: model_folder.ModelFolder, tol: Tolerance, sets=None) -> None:
-    """Serve `folder` on a replica of the embedded stack and compare its answers with the eager reference
-    outputs of every set of inputs (default: the golden samples)."""
+    """Serve `folder` on a replica of the embedded stack (Triton's PyTorch backend, as the server's own view of
+    the config says) and compare its answers with the eager reference outputs of every set of inputs (default:
+    the golden samples)."""
     name = folder.config.name
     upload_folder(s3, stack.bucket, folder.path, f"models/{name}")
     outputs = [s.name for s in folder.signature.outputs]
     with TritonAdmin(stack.replicas[1].http_url) as admin:
         admin.load(name)
         try:
+            served = admin.model_config(name)
+            assert (served["platform"], served["backend"]) == ("pytorch_libtorch", "pytorch")
             answers = {
                 check: (admin.infer_in_batches(name, inputs, outputs, folder.config.max_batch_size), reference)
                 for check, (inputs, reference) in (sets or {"golden": folder.golden()}).items()
@@ -264,7 +267,7 @@ def test_fallback_to_torchscript_is_logged_and_recorded(tmp_path, caplog):
 
 def test_config_pbtxt_round_trips_and_matches_signature():
     signature = Signature.from_dict(RECOMMENDER_SIGNATURE)
-    config = model_config.build("rec", signature, "libtorch", gpu=True)
+    config = model_config.build("rec", signature, gpu=True)
     text = model_config.to_pbtxt(config)
     assert 'platform: "pytorch_libtorch"' in text and "KIND_GPU" in text and "max_batch_size: 32" in text
     parsed = model_config.parse_pbtxt(text)
@@ -340,11 +343,11 @@ def test_cuda_torchscript_passes_parity(key, precision, tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_python_flavour_serves_cuda_torchscript_on_a_gpu_instance(precision, tmp_path, stack, s3):
+def test_the_pytorch_backend_serves_cuda_torchscript_on_a_gpu_instance(precision, tmp_path, stack, s3):
     """The GPU sibling of test_model_exports_compiles_and_triton_answers_like_eager: the embedded
-    Triton runs the CUDA model.pt on the GPU its KIND_GPU instance is given."""
+    Triton's PyTorch backend (its GPU build) runs the CUDA model.pt on the GPU its KIND_GPU instance is given."""
     name = f"gpu_cnn_{precision}"
-    compile_model(_export(tmp_path, "cnn"), tmp_path / name, name, precision=precision, device="cuda", flavour="python")
+    compile_model(_export(tmp_path, "cnn"), tmp_path / name, name, precision=precision, device="cuda")
     folder = model_folder.read(tmp_path / name)
     assert folder.config.instance_group[0].kind == model_config.mc.ModelInstanceGroup.KIND_GPU
     _assert_triton_answers(stack, s3, folder, Tolerance.for_precision(precision))
@@ -373,7 +376,7 @@ def test_cli_export_compile_and_bad_input_exit_codes(tmp_path):
     ok = run("export", "--model", "tests.models:make_mlp", "--signature", str(signature), "--out", str(tmp_path / "e"))
     assert ok.returncode == 0, ok.stderr
     assert "exported with torch.export" in ok.stdout
-    ok = run("compile", str(tmp_path / "e"), "--name", "cli_mlp", "--out", str(tmp_path / "f"), "--flavour", "python")
+    ok = run("compile", str(tmp_path / "e"), "--name", "cli_mlp", "--out", str(tmp_path / "f"))
     assert ok.returncode == 0, ok.stderr
     assert "compiled torchscript/fp32 on cpu" in ok.stdout and "ok" in ok.stdout
     assert (tmp_path / "f" / "config.pbtxt").exists()

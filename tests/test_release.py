@@ -35,7 +35,7 @@ X = {"x": np.ones((1, 16), np.float32)}
 
 
 def _folder(tmp_path: Path, name: str, sub: str, **kwargs) -> Path:
-    """The test MLP served with numpy (loads in ~1 s, not ~5 s with torch in the backend stub)."""
+    """The test MLP, traced, for Triton's PyTorch backend."""
     (tmp_path / sub).mkdir()
     return mlp_folder(tmp_path / sub, name, **kwargs)
 
@@ -114,13 +114,14 @@ def test_candidate_that_triton_cannot_load_fails_the_gate_and_production_is_unto
     name = unique()
     install_stable(stack, _folder(tmp_path, name, "v1"))
     broken = _folder(tmp_path, name, "v2")
-    (broken / "1" / "model.py").write_text("raise RuntimeError('this model cannot initialise')\n")
+    model_pt = broken / "1" / "model.pt"
+    model_pt.write_bytes(model_pt.read_bytes()[: model_pt.stat().st_size // 2])  # a truncated upload
     version, staged, verdict = stage_and_gate(stack, broken)
-    assert not staged.accuracy_passed and "this model cannot initialise" in staged.load_error
+    assert not staged.accuracy_passed and "istream reader failed" in staged.load_error
     assert verdict.verdict == "fail" and verdict.reasons[0].startswith("the gate server could not load the candidate")
     assert _served(stack, name) == [1, 1]
     staged_event = [e for e in ModelRepository(repository(stack), stack.s3).history(name) if e["event"] == "staged"][-1]
-    assert staged_event["version"] == version and "cannot initialise" in staged_event["load_error"]
+    assert staged_event["version"] == version and "istream reader failed" in staged_event["load_error"]
 
 
 def test_a_second_release_of_the_same_model_waits_for_the_first(tmp_path, stack):

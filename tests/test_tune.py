@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from components import perf
+from components import model_config, perf
 from components.gate import gate
 from components.model_config import ServingSettings
 from components.promote import promote
@@ -17,14 +18,18 @@ from components.publish import publish
 from components.repository import ModelRepository
 from components.results import Trial, TuneResult
 from components.settings import RELAXED_STABILITY_PCT
+from components.signature import Signature
 from components.stage import stage
 from components.triton_admin import TritonAdmin
-from components.tune import TuneSettings, grid, knobs, search, tune
-from tests.models import mlp_folder
+from components.tune import TuneSettings, _on_gpu, grid, knobs, search, tune
+from tests.models import MLP_SIGNATURE, mlp_folder
 from tests.release_helpers import TEST_GATE, replicas, repository, unique
 
 DEFAULT = ServingSettings(max_batch_size=32, dynamic_batching=True, max_queue_delay_us=0, instance_count=1)
-SPACE = TuneSettings(instance_counts=(1, 2, 3), queue_delays_us=(0, 500, 2000, 8000), budget=40)
+# the search's rules on the knobs every model has; the intra-op threads have a test of their own
+SPACE = TuneSettings(
+    instance_counts=(1, 2, 3), intra_op_thread_counts=(1,), queue_delays_us=(0, 500, 2000, 8000), budget=40
+)
 
 
 def surface(throughput, p99=lambda s: 1.0):
@@ -65,6 +70,24 @@ def test_an_ensembles_pre_post_steps_get_an_instance_count_of_their_own():
     measure, _ = surface(throughput)
     result = search(measure, ensemble, SPACE, len(grid(ensemble, SPACE)))
     assert result.chosen.step_instance_count == 3 and result.chosen.instance_count == 1
+
+
+def test_the_pytorch_backends_intra_op_threads_are_a_knob_of_cpu_models_only():
+    space = dataclasses.replace(SPACE, intra_op_thread_counts=(1, 2))
+    assert [name for name, _ in knobs(DEFAULT, space)] == [
+        "instance_count",
+        "intra_op_threads",
+        "max_batch_size",
+        "batching",
+    ]
+    assert len(grid(DEFAULT, space)) == 2 * len(grid(DEFAULT, SPACE))
+    measure, _ = surface(lambda s: 1000 * s.intra_op_threads)  # two threads serve twice as fast
+    assert search(measure, DEFAULT, space, len(grid(DEFAULT, space))).chosen.intra_op_threads == 2
+
+    signature = Signature.from_dict(MLP_SIGNATURE)
+    for gpu in (False, True):
+        candidate = SimpleNamespace(config=model_config.build("m", signature, gpu=gpu), members={})
+        assert _on_gpu(candidate) is gpu  # tune() then offers the GPU model's own count only
 
 
 @pytest.mark.parametrize("counts", ["0,2", "1,two", ""])

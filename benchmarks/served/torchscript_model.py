@@ -1,7 +1,7 @@
-"""Serves a TorchScript model.pt through Triton's Python backend (written by tritonship).
-
-The embedded Triton has no PyTorch backend; this serves the same model.pt that production serves with
-pytorch_libtorch. Requests of one batch are concatenated along dimension 0 and run in one forward().
+"""Python-backend model.py for benchmarks/served_speed.py only: serves a compiled model.pt through Triton's
+Python backend, the way tritonship's embedded stack did before it built Triton's PyTorch backend, so that
+the two can be measured side by side. Requests of one batch are concatenated along dimension 0 and run in
+one forward(); the config's `torch_threads` parameter sets torch's threads (default 1).
 """
 
 import json
