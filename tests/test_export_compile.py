@@ -47,7 +47,9 @@ def test_model_exports_compiles_and_triton_answers_like_eager(key, tmp_path, sta
         assert len({r.check for r in result.parity if r.check.startswith("dynamic dims")}) == 2
 
     folder = model_folder.read(tmp_path / name)
-    assert folder.config.platform == "pytorch_libtorch" and folder.config.max_batch_size == folder.signature.max_batch_size
+    assert (
+        folder.config.platform == "pytorch_libtorch" and folder.config.max_batch_size == folder.signature.max_batch_size
+    )
     fingerprint = folder.fingerprint()
     assert fingerprint["torch"] == torch.__version__ and fingerprint["target"] == "torchscript"
 

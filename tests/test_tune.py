@@ -255,6 +255,7 @@ def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stac
     served = TritonAdmin(stack.gate.http_url).model_config(f"{name}__candidate")
     assert served["max_batch_size"] == result.chosen.max_batch_size
     assert served["instance_group"][0]["count"] == result.chosen.instance_count
+    assert served["parameters"]["INTRA_OP_THREAD_COUNT"]["string_value"] == str(result.chosen.intra_op_threads)
     # the only S3 write was the history event
     objects_after = sorted(o["Key"] for o in stack.s3.client().list_objects_v2(Bucket=stack.bucket)["Contents"])
     written = [k for k in objects_after if k not in objects_before]
@@ -265,15 +266,22 @@ def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stac
     # promotion writes the chosen settings (here forced to something recognisable) into production
     # (a smaller max_batch_size than the golden samples' rows: the smoke check must send smaller requests)
     chosen = dataclasses.replace(
-        result.chosen, instance_count=2, max_queue_delay_us=1234, max_batch_size=2, preferred_batch_sizes=()
+        result.chosen,
+        instance_count=2,
+        max_queue_delay_us=1234,
+        max_batch_size=2,
+        preferred_batch_sizes=(),
+        intra_op_threads=2,
     )
     promote(repository(stack), name, version, replicas(stack), "pass", stack.gate.http_url,
             settings=chosen, s3=stack.s3)  # fmt: skip
     desired = repo.desired_config(name)[0]
     assert desired.dynamic_batching.max_queue_delay_microseconds == 1234 and desired.instance_group[0].count == 2
+    assert desired.parameters["INTRA_OP_THREAD_COUNT"].string_value == "2"
     for server in stack.replicas:
         config = TritonAdmin(server.http_url).model_config(name)
         assert config["instance_group"][0]["count"] == 2 and config["max_batch_size"] == 2
+        assert config["parameters"]["INTRA_OP_THREAD_COUNT"]["string_value"] == "2"
         assert int(config["dynamic_batching"]["max_queue_delay_microseconds"]) == 1234
         assert TritonAdmin(server.http_url).served_version(name, {"x": np.ones((1, 16), np.float32)}, ["y"]) == 1
 
