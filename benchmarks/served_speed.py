@@ -84,7 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda to compile and serve on the GPU")
-    parser.add_argument("--concurrency", type=int, nargs=2, default=[1, 4])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--models", choices=sorted(MODELS), default="sample")
     parser.add_argument("--forms", default="pytorch,python", help=f"comma-separated, of {', '.join(FORMS)}")
     args = parser.parse_args()
