@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/gate_quality.py [--designs duet,alternating] [--injections 0:40,10:20,25:20]
 
 Stable and every candidate are the same traced MLP served by Triton's PyTorch backend; candidates carry
-busy work inside the TorchScript (tests/latency_injection.py) that takes a fixed time per sample on an idle
-core, sized as +0% (A/A), +10%, +25% ... of the stable's measured p99 latency ("+25% p99 injected"; `--size-by median` sizes it on the median, as earlier runs
+busy work inside the TorchScript (tests/latency_injection.py) that takes a fixed time per sample in the gate
+server, sized as +0% (A/A), +10%, +25% ... of the stable's measured p99 latency ("+25% p99 injected"; `--size-by median` sizes it on the median, as earlier runs
 did; `--base-us N` on a fixed N us, since one start-up reading of a p99 can be far off). While every
 decision runs, a client sends steady traffic (100 requests/s each) to both production replicas, as the
 release tests do. Each trial is one full gate decision with the gate's defaults (load
@@ -46,9 +46,9 @@ from components.repository import ModelRepository
 from components.settings import GateSettings
 from components.stage import stage
 from components.triton_admin import TritonAdmin
-from pipelines.stack import EmbeddedStack
+from pipelines.stack import PRODUCTION_PREFIX, EmbeddedStack
 from tests import latency_injection
-from tests.models import mlp_folder
+from tests.models import mlp_folder, upload_folder
 from tests.release_helpers import SteadyClient
 
 MODEL = "gq"
@@ -69,17 +69,24 @@ def gpu_model(tmp_path: Path) -> Path:
     return compiled
 
 
-def model_folder(tmp_path: Path, label: str, delay_us: int, gpu_base: Path | None) -> Path:
+def model_folder(
+    tmp_path: Path,
+    label: str,
+    delay_us: float,
+    gpu_base: Path | None,
+    per_iteration_us: float | None = None,
+    name: str = MODEL,
+) -> Path:
     """The stable (delay 0) or a candidate: the MLP, or with `gpu_base` that compiled GPU model."""
     (tmp_path / label).mkdir()
     if gpu_base is None:
-        return mlp_folder(tmp_path / label, MODEL, delay_us=delay_us)
+        return mlp_folder(tmp_path / label, name, delay_us=delay_us, per_iteration_us=per_iteration_us)
     folder = shutil.copytree(gpu_base, tmp_path / label / MODEL)
     if delay_us:
         import torch
 
         compiled = torch.jit.load(str(folder / "1" / "model.pt"), map_location="cuda")
-        latency_injection.with_busy_work(compiled, delay_us).save(str(folder / "1" / "model.pt"))
+        latency_injection.with_busy_work(compiled, delay_us, per_iteration_us).save(str(folder / "1" / "model.pt"))
     return folder
 
 
@@ -92,6 +99,32 @@ def stable_latency_us(stack: EmbeddedStack, folder: Path) -> dict[str, float]:
         "median": statistics.median(float(np.median(r.latencies_us)) for r in runs),
         "p99": statistics.median(float(np.percentile(r.latencies_us, 99)) for r in runs),
     }
+
+
+PROBE_US = 1000  # the probe's busy work, sized in this process
+
+
+def served_iteration_us(stack: EmbeddedStack, tmp_path: Path, gpu_base: Path | None) -> float:
+    """What one busy-work iteration costs in the gate server at the gate's load (loaded beside the stable, as a
+    candidate is): a probe with PROBE_US of work sized here, measured in turns with the stable 3 times; the
+    difference of their median latencies over its iterations. A server's loop runs slower than this
+    process's idle one, and a candidate must add what its injection says, not what an idle core would take."""
+    probe_name = f"{MODEL}_probe"
+    probe = model_folder(tmp_path, "probe", PROBE_US, gpu_base, name=probe_name)
+    upload_folder(stack.s3.client(), stack.bucket, probe, f"{PRODUCTION_PREFIX}/{probe_name}")
+    golden = dict(np.load(probe / "1" / "golden.npz"))
+    data = perf.write_input_data({k[3:]: v for k, v in golden.items() if k.startswith("in:")}, probe / "in.json", True)
+    medians: dict[str, list[float]] = {MODEL: [], probe_name: []}
+    with TritonAdmin(stack.gate.http_url) as admin:
+        admin.load(probe_name)
+        for _ in range(3):
+            for name, runs in medians.items():
+                result = perf.measure(stack.gate.http_url, name, data, GateSettings().load)
+                if result.ok:
+                    runs.append(float(np.median(result.latencies_us)))
+        admin.unload(probe_name)
+    added_us = statistics.median(medians[probe_name]) - statistics.median(medians[MODEL])
+    return added_us / round(PROBE_US / latency_injection.iteration_us())
 
 
 def round_log_ratios(result) -> list[float]:
@@ -148,9 +181,14 @@ def main() -> None:
         for server in (stack.gate, *stack.replicas):
             TritonAdmin(server.http_url).load(MODEL, config)
         stable_us = stable_latency_us(stack, stable)
+        stable_us["busy_iteration_us"] = {
+            "here": latency_injection.iteration_us(),
+            "in the gate server": served_iteration_us(stack, tmp_path, gpu_base),
+        }
+        per_iteration_us = stable_us["busy_iteration_us"]["in the gate server"]
         base_us = args.base_us or stable_us[args.size_by]
         TritonAdmin(stack.gate.http_url).unload(MODEL)
-        print(f"stable latency: median {stable_us['median']:.0f} us, p99 {stable_us['p99']:.0f} us; injections are "
+        print(f"stable latency: median {stable_us['median']:.0f} us, p99 {stable_us['p99']:.0f} us; a busy-work iteration {per_iteration_us:.2f} us in the server; injections are "
               f"percents of {f'{args.base_us:g} us' if args.base_us else 'the ' + args.size_by}; gate settings {gate_settings}", flush=True)  # fmt: skip
         candidates: dict[int, int] = {}
         golden = dict(np.load(stable / "1" / "golden.npz"))
@@ -164,7 +202,7 @@ def main() -> None:
                 for pct, trials in (map(int, item.split(":")) for item in plan.split(",")):
                     delay_us = int(base_us * pct / 100)
                     if pct not in candidates:
-                        folder = model_folder(tmp_path, f"c{pct}", delay_us, gpu_base)
+                        folder = model_folder(tmp_path, f"c{pct}", delay_us, gpu_base, per_iteration_us)
                         candidates[pct] = publish(folder, repo_uri, run_id=f"inject-{pct}", s3=stack.s3).version
                     # one release at a time: stage takes the model's lease, given back after the trials
                     stage(repo_uri, MODEL, candidates[pct], stack.gate.http_url, s3=stack.s3, run_id=f"inject-{pct}")
@@ -225,7 +263,8 @@ def write(
 ) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {
-        "stable_median_us": stable_us["median"], "stable_p99_us": stable_us["p99"], "injections_sized_by": f"{args.base_us:g} us" if args.base_us else args.size_by, "gate_settings": dataclasses.asdict(gate_settings),
+        "stable_median_us": stable_us["median"], "stable_p99_us": stable_us["p99"],
+        "busy_iteration_us": stable_us.get("busy_iteration_us"), "injections_sized_by": f"{args.base_us:g} us" if args.base_us else args.size_by, "gate_settings": dataclasses.asdict(gate_settings),
         "arguments": vars(args) | {"out": str(out)}, "steady_client": client, "results": results,
     }  # fmt: skip
     out.write_text(json.dumps(report, indent=2, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))

@@ -51,7 +51,9 @@ def iteration_us() -> float:
     return statistics.median(timings) / CALIBRATION_ITERATIONS * 1e6
 
 
-def with_busy_work(model: nn.Module, delay_us: float) -> torch.jit.ScriptModule:
-    """`model` (a TorchScript or scriptable module) plus about `delay_us` of work per sample."""
-    iterations = max(1, round(delay_us / iteration_us()))
+def with_busy_work(model: nn.Module, delay_us: float, per_iteration_us: float | None = None) -> torch.jit.ScriptModule:
+    """`model` (a TorchScript or scriptable module) plus about `delay_us` of work per sample, at
+    `per_iteration_us` per loop iteration (default: this process's iteration_us(); a server under load
+    may take longer, which benchmarks/gate_quality.py measures)."""
+    iterations = max(1, round(delay_us / (per_iteration_us or iteration_us())))
     return torch.jit.script(BusyWork(model, iterations))

@@ -141,20 +141,26 @@ MLP_SIGNATURE = {
 
 
 def mlp_folder(
-    tmp_path: Path, name: str = "mlp", seed: int = 0, delay_us: int = 0, weights_seed: int | None = None
+    tmp_path: Path,
+    name: str = "mlp",
+    seed: int = 0,
+    delay_us: float = 0,
+    weights_seed: int | None = None,
+    per_iteration_us: float | None = None,
 ) -> Path:
     """A Triton model folder (Triton's PyTorch backend) of a traced MLP, with golden samples of MLP(seed).
 
     The served weights come from `weights_seed` (default: `seed`): another seed is a model that answers
     wrong. `delay_us` adds busy work inside the TorchScript that takes about that long per sample on an idle
-    core (latency_injection.py): a candidate slower than stable by a known amount."""
+    core (latency_injection.py, at `per_iteration_us` per loop iteration if given): a candidate slower than
+    stable by a known amount."""
     signature = Signature.from_dict(MLP_SIGNATURE)
     golden_in = signature.example_inputs(8)
     with torch.inference_mode():
         golden_out = {"y": MLP(seed=seed).eval()(torch.from_numpy(golden_in["x"])).numpy()}
     served = MLP(seed=seed if weights_seed is None else weights_seed).eval()
     traced = torch.jit.trace(served, torch.from_numpy(golden_in["x"]))
-    module = latency_injection.with_busy_work(traced, delay_us) if delay_us else traced
+    module = latency_injection.with_busy_work(traced, delay_us, per_iteration_us) if delay_us else traced
     module.save(str(tmp_path / f"{name}.pt"))
     return model_folder.write(
         tmp_path / name, name, signature, tmp_path / f"{name}.pt", golden_in, golden_out, {"test": True}
