@@ -36,10 +36,10 @@ def _name() -> str:
     return f"m{uuid.uuid4().hex[:8]}"
 
 
-def _keys(s3, bucket: str) -> set[str]:
+def _keys(s3, bucket: str, prefix: str = "") -> set[str]:
     return {
         o["Key"]
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         for o in page.get("Contents", [])
     }
 
@@ -130,11 +130,12 @@ def test_publish_killed_half_way_leaves_nothing_visible_and_a_rerun_completes(tm
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     prefix = f"staging/{candidate_name(name)}/1/"
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(k.startswith(prefix) for k in _keys(s3, stack.bucket)):
+    # listed by prefix: a listing of the whole bucket, which the suite fills, can outlast the big upload
+    while time.monotonic() < deadline and not _keys(s3, stack.bucket, prefix):
         time.sleep(0.05)
     proc.kill()  # SIGKILL: no cleanup runs
     proc.wait()
-    written = {k for k in _keys(s3, stack.bucket) if k.startswith(prefix)}
+    written = _keys(s3, stack.bucket, prefix)
     assert written and prefix + "manifest.json" not in written, (
         "the kill must land between the first file and the manifest"
     )
