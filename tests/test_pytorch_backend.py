@@ -102,7 +102,6 @@ def test_a_candidate_that_takes_the_gate_server_down_fails_and_production_is_unt
     name = unique("crash")
     install_stable(stack, _folder(tmp_path, name, "v1"))
     stack.restart_triton("gate")  # a server in which no model has set the inter-op threads yet
-    monkeypatch.setattr(model_config, "refuse_server_aborting_parameters", lambda *_a, **_k: None)
     monkeypatch.setattr("components.model_folder.refuse_server_aborting_parameters", lambda *_a, **_k: None)
     first, second = (_folder(tmp_path, name, sub, seed=seed) for sub, seed in (("v2", 4), ("v3", 5)))
     for folder in (first, second):
