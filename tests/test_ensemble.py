@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from components import model_config
 from components.ensemble import EnsembleError, ensemble_config, read_bundle, with_serving_settings
 from components.gate import gate
 from components.model_config import ServingSettings
@@ -21,7 +23,7 @@ from components.reconcile import reconcile
 from components.repository import ModelRepository, candidate_name
 from components.settings import Thresholds
 from components.stage import stage
-from components.triton_admin import TritonAdmin
+from components.triton_admin import TritonAdmin, TritonError
 from components.tune import TuneSettings, default_settings, tune
 from pipelines.samples import bert4rec, recsys
 from tests.release_helpers import ABSOLUTE_GATE, TEST_GATE, SteadyClient, replicas, repository, unique
@@ -254,3 +256,64 @@ def test_one_serving_setting_for_every_member_stays_within_what_each_was_built_f
     }
     assert tuned["recsys_post"].max_batch_size == 8
     assert default_settings(bundle.ensemble.config, list(members.values())).step_instance_count == 1
+
+
+JOINED_STEP = """
+import numpy as np
+
+def load(directory):
+    return None
+
+def process(state, inputs):
+    x = inputs["x"]
+    if (x < 0).any():
+        raise ValueError("negative input")
+    return {"y": x * 2, "rows": np.full((len(x), 1), len(x), dtype=np.int64)}
+"""
+
+
+def test_a_step_serves_a_batch_of_requests_in_one_call_and_fails_only_the_bad_request(tmp_path, stack):
+    """The Python step wrapper joins the requests of one batch into one `process` call (what lets the steps
+    keep up with a GPU model), and a request that makes the joined call fail gets its own error while the
+    others of its batch get their answers."""
+    from components.ensemble import Step, write_step
+    from components.signature import Signature
+
+    (tmp_path / "step").mkdir()
+    (tmp_path / "step" / "step.py").write_text(JOINED_STEP)
+    tensor = {"dtype": "int64", "shape": [-1, 1]}
+    signature = Signature.from_dict(
+        {"batch": True, "max_batch_size": 8, "inputs": [{"name": "x", **tensor}],
+         "outputs": [{"name": "y", **tensor}, {"name": "rows", **tensor}]}
+    )  # fmt: skip
+    name = unique("joined_step")
+    folder = write_step(Step(name, tmp_path / "step", signature), tmp_path / name)
+    config = model_config.with_settings(
+        model_config.parse_pbtxt((folder / "config.pbtxt").read_text()),
+        ServingSettings(max_batch_size=8, max_queue_delay_us=2_000_000, preferred_batch_sizes=(8,)),
+    )
+    files = {f"file:1/{p.name}": p.read_bytes() for p in (folder / "1").iterdir() if p.is_file()}
+    admin = TritonAdmin(stack.gate.http_url)
+    admin.load(name, config, files)
+    try:
+        admin.wait_ready(name)
+
+        def send(value: int):
+            with TritonAdmin(stack.gate.http_url) as client:
+                try:
+                    return client.infer(name, {"x": np.array([[value]], dtype=np.int64)}, ["y", "rows"])
+                except TritonError as exc:
+                    return exc
+
+        with ThreadPoolExecutor(8) as pool:
+            good = list(pool.map(send, range(1, 9)))
+        assert [int(a["y"][0, 0]) for a in good] == [2 * v for v in range(1, 9)]
+        assert max(int(a["rows"][0, 0]) for a in good) > 1  # requests of one batch were processed in one call
+
+        with ThreadPoolExecutor(8) as pool:
+            mixed = list(pool.map(send, [1, 2, 3, -1, 5, 6, 7, 8]))
+        failed = [a for a in mixed if isinstance(a, TritonError)]
+        assert len(failed) == 1 and "negative input" in str(failed[0])
+        assert [int(a["y"][0, 0]) for a in mixed if not isinstance(a, TritonError)] == [2, 4, 6, 10, 12, 14, 16]
+    finally:
+        admin.unload(name)
