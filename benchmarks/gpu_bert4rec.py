@@ -200,7 +200,7 @@ def sweep(server, name: str, data: Path, args) -> list[dict]:
             p = points[-1]
             at = f"rate {p['request_rate']:g}" if p["request_rate"] else f"conc {p['concurrency']}"
             steps = " ".join(
-                f"{step.removeprefix(name).strip('_') or 'ensemble'}:q{s['queue_us']:.0f}/c{s['compute_us']:.0f}/b{s['mean_batch']}"
+                f"{step}:q{s['queue_us']:.0f}/c{s['compute_us']:.0f}/b{s['mean_batch']}"
                 for step, s in p["steps"].items()
             )
             print(f"    {protocol:<4} {at:<11} {p['throughput'] or 0:>9,.0f} infer/s  p99 {p['p99_ms'] or 0:7.2f} ms "
