@@ -229,7 +229,7 @@ def main() -> None:
     parser.add_argument("--rates", type=float, nargs="*", default=[*USERS_RATES, 10000, 20000, 30000])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
     parser.add_argument("--tune-concurrency", type=int, default=64, help="where the pre/post steps are the limit")
-    parser.add_argument("--tune-budget", type=int, default=12)
+    parser.add_argument("--tune-budget", type=int, default=14)
     parser.add_argument("--targets", default="ensemble,model",
                         help="what perf_analyzer drives: the ensemble, and the model step alone (its own inputs)")  # fmt: skip
     parser.add_argument("--max-p99-ms", type=float, default=4.0, help="the goal: the best throughput within it")

@@ -19,6 +19,9 @@ PYTORCH_PLATFORM = "pytorch_libtorch"  # Triton's PyTorch (libtorch) backend, wh
 # a process and aborts the whole server (docs/design.md section 5).
 INTRA_OP_PARAMETER = "INTRA_OP_THREAD_COUNT"
 INTER_OP_PARAMETER = "INTER_OP_THREAD_COUNT"
+# "true" runs the TorchScript graph as traced, without the profiling executor's shape specialisation and
+# fusion; off (absent) is the backend's default.
+UNOPTIMIZED_PARAMETER = "DISABLE_OPTIMIZED_EXECUTION"
 
 
 CANDIDATE_SUFFIX = "__candidate"
@@ -55,6 +58,10 @@ class ServingSettings:
     # the PyTorch backend's intra-op threads (at::set_num_threads). Always written: the setting is the
     # process's, and a model that names none runs with whatever the model loaded before it set.
     intra_op_threads: int = DEFAULT_INTRA_OP_THREADS
+    # the TorchScript profiling executor (the backend's default). It specialises and fuses the graph for each
+    # new input shape it meets, a pause each time; under dynamic batching every batch size is a new shape.
+    # Tune tries it off for GPU models (docs/design.md section 5).
+    optimized_execution: bool = True
 
     def __post_init__(self) -> None:
         if self.intra_op_threads < 1:
@@ -126,7 +133,17 @@ def with_settings(config: ModelConfig, settings: ServingSettings) -> ModelConfig
         group.count = settings.instance_count
     if copy.platform == PYTORCH_PLATFORM:
         copy.parameters[INTRA_OP_PARAMETER].string_value = str(settings.intra_op_threads)
+        if settings.optimized_execution:
+            copy.parameters.pop(UNOPTIMIZED_PARAMETER, None)
+        else:
+            copy.parameters[UNOPTIMIZED_PARAMETER].string_value = "true"
     return copy
+
+
+def optimized_execution(config: ModelConfig) -> bool:
+    """Whether the PyTorch backend runs a config's TorchScript with the profiling executor (its default)."""
+    value = config.parameters[UNOPTIMIZED_PARAMETER].string_value if UNOPTIMIZED_PARAMETER in config.parameters else ""
+    return value.strip().lower() not in ("true", "1", "yes", "on")
 
 
 def intra_op_threads(config: ModelConfig) -> int:

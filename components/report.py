@@ -57,7 +57,7 @@ def tuning_rows(tuning: dict[str, Any] | None) -> list[tuple[str, ...]]:
         if settings == tuning["default"]:
             note = f"default{', ' + note if note else ''}"
         out.append((
-            _instances(settings), str(settings.get("intra_op_threads", "-")), str(settings["max_batch_size"] or "-"),
+            _instances(settings), _threads(settings), str(settings["max_batch_size"] or "-"),
             str(settings["max_queue_delay_us"]) if settings["dynamic_batching"] else "off",
             ",".join(map(str, settings["preferred_batch_sizes"])) or "-",
             _fmt(trial["throughput"], ",.0f"), _fmt(trial["p99_ms"], ".3f"),
@@ -65,6 +65,12 @@ def tuning_rows(tuning: dict[str, Any] | None) -> list[tuple[str, ...]]:
             _fmt(trial.get("server", {}).get("cpu_util_pct_mean"), ".0f"), note,
         ))  # fmt: skip
     return out
+
+
+def _threads(settings: dict[str, Any]) -> str:
+    """The intra-op threads, and "unoptimized" where the TorchScript profiling executor is off."""
+    off = "" if settings.get("optimized_execution", True) else ", unoptimized"
+    return str(settings.get("intra_op_threads", "-")) + off
 
 
 def _instances(settings: dict[str, Any]) -> str:

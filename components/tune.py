@@ -60,6 +60,8 @@ class TuneSettings:
     instance_counts: tuple[int, ...] = DEFAULT_INSTANCE_COUNTS
     intra_op_thread_counts: tuple[int, ...] = DEFAULT_INTRA_OP_THREAD_COUNTS
     queue_delays_us: tuple[int, ...] = (0, 500, 2000, 8000)
+    # the TorchScript profiling executor on and off; a CPU model keeps its own (tune)
+    optimized_executions: tuple[bool, ...] = (True, False)
     perf_timeout_s: float = 120.0
 
 
@@ -85,6 +87,7 @@ def default_settings(
         preferred_batch_sizes=tuple(config.dynamic_batching.preferred_batch_size) if batching else (),
         instance_count=config.instance_group[0].count if config.instance_group else 1,
         intra_op_threads=model_config.intra_op_threads(config),
+        optimized_execution=model_config.optimized_execution(config),
     )
 
 
@@ -112,6 +115,9 @@ def knobs(default: ServingSettings, settings: TuneSettings) -> list[Knob]:
     def intra_op(c: ServingSettings) -> list[ServingSettings]:
         return [dataclasses.replace(c, intra_op_threads=n) for n in settings.intra_op_thread_counts]
 
+    def execution(c: ServingSettings) -> list[ServingSettings]:
+        return [dataclasses.replace(c, optimized_execution=o) for o in settings.optimized_executions]
+
     def step_instances(c: ServingSettings) -> list[ServingSettings]:
         return [dataclasses.replace(c, step_instance_count=n) for n in settings.instance_counts]
 
@@ -133,6 +139,8 @@ def knobs(default: ServingSettings, settings: TuneSettings) -> list[Knob]:
     # an ensemble's pre/post steps (Python, CPU) get instances of their own: one process each serves a
     # few thousand requests/s whatever the model's speed (benchmarks/README.md, the users' BERT4Rec)
     counts: list[Knob] = [("instance_count", instances)]
+    if len(settings.optimized_executions) > 1:  # on for a GPU model (tune)
+        counts.insert(0, ("optimized_execution", execution))
     if len(settings.intra_op_thread_counts) > 1:  # off for a GPU model (tune): its CPU threads barely work
         counts.append(("intra_op_threads", intra_op))
     if default.step_instance_count is not None:
@@ -322,6 +330,8 @@ def tune(
     default = default_settings(candidate.config, list(candidate.members.values()))
     if _on_gpu(candidate):
         settings = dataclasses.replace(settings, intra_op_thread_counts=(default.intra_op_threads,))
+    else:  # on the CPU its pauses are the fuser's, which libtorch leaves off there
+        settings = dataclasses.replace(settings, optimized_executions=(default.optimized_execution,))
     size = len(grid(default, settings))
     started = time.monotonic()
     if not enabled:

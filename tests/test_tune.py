@@ -28,7 +28,11 @@ from tests.release_helpers import TEST_GATE, replicas, repository, unique
 DEFAULT = ServingSettings(max_batch_size=32, dynamic_batching=True, max_queue_delay_us=0, instance_count=1)
 # the search's rules on the knobs every model has; the intra-op threads have a test of their own
 SPACE = TuneSettings(
-    instance_counts=(1, 2, 3), intra_op_thread_counts=(1,), queue_delays_us=(0, 500, 2000, 8000), budget=40
+    instance_counts=(1, 2, 3),
+    intra_op_thread_counts=(1,),
+    optimized_executions=(True,),
+    queue_delays_us=(0, 500, 2000, 8000),
+    budget=40,
 )
 
 
@@ -88,6 +92,22 @@ def test_the_pytorch_backends_intra_op_threads_are_a_knob_of_cpu_models_only():
     for gpu in (False, True):
         candidate = SimpleNamespace(config=model_config.build("m", signature, gpu=gpu), members={})
         assert _on_gpu(candidate) is gpu  # tune() then offers the GPU model's own count only
+
+
+def test_the_torchscript_profiling_executor_is_a_knob_of_gpu_models_first_and_reaches_the_config():
+    space = dataclasses.replace(SPACE, optimized_executions=(True, False))
+    assert [name for name, _ in knobs(DEFAULT, space)][:2] == ["optimized_execution", "instance_count"]
+    assert len(grid(DEFAULT, space)) == 2 * len(grid(DEFAULT, SPACE))
+    measure, _ = surface(lambda s: 1000 * (1 + (not s.optimized_execution)))  # the pauses gone: twice as fast
+    assert search(measure, DEFAULT, space, len(grid(DEFAULT, space))).chosen.optimized_execution is False
+
+    config = model_config.build("m", Signature.from_dict(MLP_SIGNATURE), gpu=True)
+    assert model_config.optimized_execution(config)  # the backend's default: the parameter is not written
+    off = model_config.with_settings(config, dataclasses.replace(DEFAULT, optimized_execution=False))
+    assert off.parameters["DISABLE_OPTIMIZED_EXECUTION"].string_value == "true"
+    assert not model_config.optimized_execution(off)
+    back = model_config.with_settings(off, DEFAULT)
+    assert "DISABLE_OPTIMIZED_EXECUTION" not in back.parameters and model_config.optimized_execution(back)
 
 
 @pytest.mark.parametrize("counts", ["0,2", "1,two", ""])
@@ -272,6 +292,7 @@ def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stac
         max_batch_size=2,
         preferred_batch_sizes=(),
         intra_op_threads=2,
+        optimized_execution=False,
     )
     promote(repository(stack), name, version, replicas(stack), "pass", stack.gate.http_url,
             settings=chosen, s3=stack.s3)  # fmt: skip
@@ -282,6 +303,7 @@ def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stac
         config = TritonAdmin(server.http_url).model_config(name)
         assert config["instance_group"][0]["count"] == 2 and config["max_batch_size"] == 2
         assert config["parameters"]["INTRA_OP_THREAD_COUNT"]["string_value"] == "2"
+        assert config["parameters"]["DISABLE_OPTIMIZED_EXECUTION"]["string_value"] == "true"
         assert int(config["dynamic_batching"]["max_queue_delay_microseconds"]) == 1234
         assert TritonAdmin(server.http_url).served_version(name, {"x": np.ones((1, 16), np.float32)}, ["y"]) == 1
 
