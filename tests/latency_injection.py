@@ -32,6 +32,17 @@ class BusyWork(nn.Module):
         return y + acc
 
 
+class PairBusyWork(BusyWork):
+    """The same for a model of two inputs and two outputs (the BERT4Rec's item ids and target position)."""
+
+    def forward(self, x: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y, z = self.model(x, position)
+        acc = x.sum() * 0.0
+        for _ in range(self.iterations_per_sample * x.size(0)):
+            acc = torch.sin(acc)
+        return y + acc.to(y.dtype), z + acc.to(z.dtype)
+
+
 @functools.cache
 def iteration_us() -> float:
     """Microseconds one loop iteration takes here with one thread (the median of three timings)."""
@@ -56,4 +67,7 @@ def with_busy_work(model: nn.Module, delay_us: float, per_iteration_us: float | 
     `per_iteration_us` per loop iteration (default: this process's iteration_us(); a server under load
     may take longer, which benchmarks/gate_quality.py measures)."""
     iterations = max(1, round(delay_us / (per_iteration_us or iteration_us())))
-    return torch.jit.script(BusyWork(model, iterations))
+    inputs = len(model.forward.schema.arguments) - 1 if isinstance(model, torch.jit.ScriptModule) else 1
+    if inputs not in (1, 2):
+        raise ValueError(f"busy work wraps models of one or two inputs, not {inputs}")
+    return torch.jit.script((BusyWork if inputs == 1 else PairBusyWork)(model, iterations))
