@@ -23,7 +23,8 @@ perf_analyzer reads; load and unload stay locked). Per point: throughput, p99,
 the GPU's utilisation and memory (Triton's metrics endpoint; NVML when Triton reports none) and, per
 ensemble step, its mean queue and compute time and batch size (Triton's statistics API): where the time goes.
 `--instances 1x4 2x4` also serves the tuned settings with other instance counts (model x each step).
-Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_<forms>][_<protocols>][_instances].json.
+Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_<forms>][_<protocols>][_instances]_pytorch_backend.json
+(the files without `_pytorch_backend` were measured with the model step in the Python backend).
 """
 
 from __future__ import annotations
@@ -248,7 +249,7 @@ def main() -> None:
     forms = "" if args.forms == "torchscript" else "_" + args.forms.replace(",", "_")
     protocols = "" if args.protocols == "http" else "_" + args.protocols.replace(",", "_")
     suffix = forms + protocols + ("_instances" if args.instances else "")
-    out = HERE / "results" / f"gpu_bert4rec_{args.device.split(':')[0]}_{args.precision}{suffix}.json"
+    out = HERE / "results" / f"gpu_bert4rec_{args.device.split(':')[0]}_{args.precision}{suffix}_pytorch_backend.json"
     grpc = "grpc" in args.protocols.split(",")
     locked = [api for api in admin_key.RESTRICTED_APIS if not (grpc and api == "model-config")]
     started = time.monotonic()

@@ -107,7 +107,7 @@ bert4rec() {
   shift
   timeout -s INT -k 20 "${LIMIT_S:-0}" python3 benchmarks/gpu_bert4rec.py --precision "$precision" "$@" 2>&1 \
     | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace" | tee -a "$OUT/gpu_bert4rec_$precision.log" || true
-  cp benchmarks/results/gpu_bert4rec_cuda_"$precision"*.json "$OUT/" || true  # written after every config
+  cp benchmarks/results/gpu_bert4rec_cuda_"$precision"*_pytorch_backend.json "$OUT/" || true  # written after every config
 }
 
 # The gate's A/A and +25% trials on the GPU (benchmarks/gate_quality.py --gpu); arguments go to it.
