@@ -5,6 +5,7 @@ sentence saying what to fix; a checkpoint is loaded as data only (`weights_only=
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 import tempfile
 import zipfile
@@ -83,10 +84,7 @@ def _load_checkpoint(model: nn.Module, checkpoint: str, s3: S3Settings | None) -
             # weights_only: a checkpoint is data, never code; a pickle that needs more is refused.
             state = torch.load(local, map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise ExportError(
-                f"the checkpoint {checkpoint} is not a loadable state_dict ({first_line(exc)}); "
-                "save it with torch.save(model.state_dict(), path)."
-            ) from None
+            raise ExportError(_unloadable(checkpoint, local, exc)) from None
     if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
         state = state["state_dict"]  # Lightning-style {"state_dict": ...}
     if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -100,10 +98,41 @@ def _load_checkpoint(model: nn.Module, checkpoint: str, s3: S3Settings | None) -
         detail = " ".join(str(exc).split("\n")[1:2]).strip()
         raise ExportError(f"the checkpoint {checkpoint} does not fit the model: {detail[:300]}") from None
     if result.missing_keys or result.unexpected_keys:
-        raise ExportError(
-            f"the checkpoint {checkpoint} does not fit the model: missing {list(result.missing_keys)[:5]}, "
-            f"unexpected {list(result.unexpected_keys)[:5]}."
+        raise ExportError(_misfit(checkpoint, model, result.missing_keys, result.unexpected_keys))
+
+
+def _unloadable(checkpoint: str, local: Path, exc: Exception) -> str:
+    """Why torch.load refused a checkpoint, in our words: torch's own text advises loading with
+    weights_only=False, which would run whatever code the file holds."""
+    save = "save it with torch.save(model.state_dict(), path)."
+    with open(local, "rb") as fh:
+        head = fh.read(2)
+    if not head.startswith((b"PK", b"\x80")):  # neither torch's zip format nor a pickle
+        return f"the checkpoint {checkpoint} is not a torch.save file (neither its zip format nor a pickle); {save}"
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+    if found or "Weights only load failed" in str(exc):
+        what = f" ({found.group(1)})" if found else ""
+        return (
+            f"the checkpoint {checkpoint} holds Python objects beside tensors{what}, which tritonship never "
+            f"loads (a checkpoint is data, not code); {save}"
         )
+    reason = first_line(exc).split(". ")[0]  # torch's first sentence; the rest is advice
+    return f"the checkpoint {checkpoint} is a damaged torch.save file ({reason}); {save}"
+
+
+def _misfit(checkpoint: str, model: nn.Module, missing: list[str], unexpected: list[str]) -> str:
+    """Counts and a few examples, not every key."""
+    wanted = len(model.state_dict())
+    examples = lambda keys: ", ".join(repr(k) for k in list(keys)[:3]) + (", …" if len(keys) > 3 else "")  # noqa: E731
+    if len(missing) == wanted and unexpected:
+        return (
+            f"the checkpoint {checkpoint} is a state_dict with none of the model's {wanted} keys (it has "
+            f"{len(unexpected)}, e.g. {examples(unexpected)}); it belongs to another model or was saved from a wrapper."
+        )
+    parts = [f"{len(missing)} of the model's {wanted} keys are missing (e.g. {examples(missing)})"] if missing else []
+    if unexpected:
+        parts.append(f"{len(unexpected)} keys are not the model's (e.g. {examples(unexpected)})")
+    return f"the checkpoint {checkpoint} does not fit the model: {' and '.join(parts)}."
 
 
 def first_line(exc: BaseException) -> str:
