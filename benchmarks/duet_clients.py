@@ -83,8 +83,14 @@ def main() -> None:
                 c_ms, s_ms, c_s, s_s = round_requests(
                     by_model[targets[0].model].requests, by_model[targets[1].model].requests, duet=True
                 )
-                rows.append({"clients": placement, "candidate_first": order[0] == targets[0],
-                             "requests": [int(c_ms.size), int(s_ms.size)], **log_ratios(c_ms, s_ms, c_s, s_s)})  # fmt: skip
+                rows.append(
+                    {
+                        "clients": placement,
+                        "candidate_first": order[0] == targets[0],
+                        "requests": [int(c_ms.size), int(s_ms.size)],
+                        **log_ratios(c_ms, s_ms, c_s, s_s),
+                    }
+                )
                 print(rows[-1], flush=True)
     summary = {
         placement: {
@@ -94,8 +100,10 @@ def main() -> None:
         for placement in PLACEMENTS
     }
     for placement, sds in summary.items():
-        print(f"clients {placement:>8}: SD of log(candidate/stable) over {args.rounds} rounds: "
-              + ", ".join(f"{k} {v:.3f}" for k, v in sds.items()))  # fmt: skip
+        print(
+            f"clients {placement:>8}: SD of log(candidate/stable) over {args.rounds} rounds: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in sds.items())
+        )
     out = Path(__file__).parent / "results" / f"duet_clients_busy{args.busy}.json"
     out.write_text(json.dumps({"arguments": vars(args), "summary": summary, "rounds": rows}, indent=1))
 

@@ -64,8 +64,9 @@ def gpu_model(tmp_path: Path) -> Path:
     (tmp_path / "sig.json").write_text(json.dumps(bert4rec.USERS.signatures()["model"]))
     export("pipelines.samples.bert4rec:users_v1", tmp_path / "sig.json", tmp_path / "export")
     compiled = tmp_path / "gpu" / MODEL
-    compile_model(tmp_path / "export", compiled, MODEL, precision="fp16", device="cuda",
-                  tolerance=bert4rec.USERS_FP16_TOLERANCE)  # fmt: skip
+    compile_model(
+        tmp_path / "export", compiled, MODEL, precision="fp16", device="cuda", tolerance=bert4rec.USERS_FP16_TOLERANCE
+    )
     return compiled
 
 
@@ -188,8 +189,11 @@ def main() -> None:
         per_iteration_us = stable_us["busy_iteration_us"]["in the gate server"]
         base_us = args.base_us or stable_us[args.size_by]
         TritonAdmin(stack.gate.http_url).unload(MODEL)
-        print(f"stable latency: median {stable_us['median']:.0f} us, p99 {stable_us['p99']:.0f} us; a busy-work iteration {per_iteration_us:.2f} us in the server; injections are "
-              f"percents of {f'{args.base_us:g} us' if args.base_us else 'the ' + args.size_by}; gate settings {gate_settings}", flush=True)  # fmt: skip
+        print(
+            f"stable latency: median {stable_us['median']:.0f} us, p99 {stable_us['p99']:.0f} us; a busy-work iteration {per_iteration_us:.2f} us in the server; injections are "
+            f"percents of {f'{args.base_us:g} us' if args.base_us else 'the ' + args.size_by}; gate settings {gate_settings}",
+            flush=True,
+        )
         candidates: dict[int, int] = {}
         golden = dict(np.load(stable / "1" / "golden.npz"))
         request = {k[3:]: v[:1] for k, v in golden.items() if k.startswith("in:")}
@@ -216,44 +220,71 @@ def main() -> None:
                             p99_changes.append(result.p99_regression_pct)
                         if result.throughput_regression_pct is not None:
                             throughput_losses.append(result.throughput_regression_pct)
-                        details.append({
-                            "verdict": result.verdict, "seconds": seconds[-1], "rounds": result.rounds,
-                            "stopped": result.stopped, "reasons": result.reasons,
-                            "effects": [e.to_dict() for e in result.effects],
-                            "round_p99_log_ratios": round_log_ratios(result),
-                            "measurement_seconds": result.measurement_seconds,
-                            "stable_load_seconds": result.stable_load_seconds,
-                        })  # fmt: skip
-                        print(f"  {design} +{pct}% trial {trial + 1}: {result.verdict} after {result.rounds} rounds, "
-                              f"{seconds[-1]:.0f} s ({'; '.join(result.reasons)[:140]})", flush=True)  # fmt: skip
+                        details.append(
+                            {
+                                "verdict": result.verdict,
+                                "seconds": seconds[-1],
+                                "rounds": result.rounds,
+                                "stopped": result.stopped,
+                                "reasons": result.reasons,
+                                "effects": [e.to_dict() for e in result.effects],
+                                "round_p99_log_ratios": round_log_ratios(result),
+                                "measurement_seconds": result.measurement_seconds,
+                                "stable_load_seconds": result.stable_load_seconds,
+                            }
+                        )
+                        print(
+                            f"  {design} +{pct}% trial {trial + 1}: {result.verdict} after {result.rounds} rounds, "
+                            f"{seconds[-1]:.0f} s ({'; '.join(result.reasons)[:140]})",
+                            flush=True,
+                        )
                     unload_candidate(stack.gate.http_url, MODEL)
                     repo.release_lease(MODEL, f"inject-{pct}")
-                    results.append({
-                        "design": design, "injected_pct": pct, "delay_us": delay_us,
-                        "trials": len(verdicts), "pass": verdicts.count("pass"), "fail": verdicts.count("fail"),
-                        "inconclusive": verdicts.count("inconclusive"),
-                        "median_observed_p99_change_pct": statistics.median(p99_changes) if p99_changes else None,
-                        "median_observed_throughput_loss_pct": (
-                            statistics.median(throughput_losses) if throughput_losses else None),
-                        "median_decision_seconds": statistics.median(seconds), "max_decision_seconds": max(seconds),
-                        "trial_details": details,
-                    })  # fmt: skip
+                    results.append(
+                        {
+                            "design": design,
+                            "injected_pct": pct,
+                            "delay_us": delay_us,
+                            "trials": len(verdicts),
+                            "pass": verdicts.count("pass"),
+                            "fail": verdicts.count("fail"),
+                            "inconclusive": verdicts.count("inconclusive"),
+                            "median_observed_p99_change_pct": statistics.median(p99_changes) if p99_changes else None,
+                            "median_observed_throughput_loss_pct": (
+                                statistics.median(throughput_losses) if throughput_losses else None
+                            ),
+                            "median_decision_seconds": statistics.median(seconds),
+                            "max_decision_seconds": max(seconds),
+                            "trial_details": details,
+                        }
+                    )
                     write(args.out, stable_us, gate_settings, args, results)  # after every group: a crash loses nothing
         client_failures = len(client.failures)
-    header = (f"{'design':>11} {'injected':>8} {'trials':>6} {'pass':>5} {'fail':>5} {'inconcl.':>8} {'obs. p99':>9} "
-              f"{'obs. thr.':>9} {'median s':>8} {'max s':>6}")  # fmt: skip
+    header = (
+        f"{'design':>11} {'injected':>8} {'trials':>6} {'pass':>5} {'fail':>5} {'inconcl.':>8} {'obs. p99':>9} "
+        f"{'obs. thr.':>9} {'median s':>8} {'max s':>6}"
+    )
     print("\n" + header)
     for r in results:
         p99, loss = r["median_observed_p99_change_pct"], r["median_observed_throughput_loss_pct"]
-        print(f"{r['design']:>11} {'+' + str(r['injected_pct']) + '%':>8} {r['trials']:>6} {r['pass']:>5} {r['fail']:>5} "
-              f"{r['inconclusive']:>8} {'-' if p99 is None else f'{p99:+.1f}%':>9} {'-' if loss is None else f'{-loss:+.1f}%':>9} "
-              f"{r['median_decision_seconds']:>8.1f} {r['max_decision_seconds']:>6.1f}")  # fmt: skip
+        print(
+            f"{r['design']:>11} {'+' + str(r['injected_pct']) + '%':>8} {r['trials']:>6} {r['pass']:>5} {r['fail']:>5} "
+            f"{r['inconclusive']:>8} {'-' if p99 is None else f'{p99:+.1f}%':>9} {'-' if loss is None else f'{-loss:+.1f}%':>9} "
+            f"{r['median_decision_seconds']:>8.1f} {r['max_decision_seconds']:>6.1f}"
+        )
     for design in args.designs.split(","):
-        ratios = [x for r in results if r["design"] == design and r["injected_pct"] == 0
-                  for t in r["trial_details"] for x in t["round_p99_log_ratios"]]  # fmt: skip
+        ratios = [
+            x
+            for r in results
+            if r["design"] == design and r["injected_pct"] == 0
+            for t in r["trial_details"]
+            for x in t["round_p99_log_ratios"]
+        ]
         if len(ratios) > 1:
-            print(f"A/A rounds, {design}: standard deviation of log(p99 ratio) {np.std(ratios, ddof=1):.3f} "
-                  f"over {len(ratios)} rounds")  # fmt: skip
+            print(
+                f"A/A rounds, {design}: standard deviation of log(p99 ratio) {np.std(ratios, ddof=1):.3f} "
+                f"over {len(ratios)} rounds"
+            )
     print(f"steady client: {client.total} requests to the production replicas, {client_failures} failed")
     write(args.out, stable_us, gate_settings, args, results, {"requests": client.total, "failures": client_failures})
 
@@ -263,10 +294,15 @@ def write(
 ) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {
-        "stable_median_us": stable_us["median"], "stable_p99_us": stable_us["p99"],
-        "busy_iteration_us": stable_us.get("busy_iteration_us"), "injections_sized_by": f"{args.base_us:g} us" if args.base_us else args.size_by, "gate_settings": dataclasses.asdict(gate_settings),
-        "arguments": vars(args) | {"out": str(out)}, "steady_client": client, "results": results,
-    }  # fmt: skip
+        "stable_median_us": stable_us["median"],
+        "stable_p99_us": stable_us["p99"],
+        "busy_iteration_us": stable_us.get("busy_iteration_us"),
+        "injections_sized_by": f"{args.base_us:g} us" if args.base_us else args.size_by,
+        "gate_settings": dataclasses.asdict(gate_settings),
+        "arguments": vars(args) | {"out": str(out)},
+        "steady_client": client,
+        "results": results,
+    }
     out.write_text(json.dumps(report, indent=2, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
 
 

@@ -178,14 +178,18 @@ def measure_point(server, name: str, data: Path, load: perf.LoadSettings) -> dic
     after = admin.statistics()
     point = run.points[0] if run.ok else None
     return {
-        "protocol": load.protocol, "concurrency": None if load.request_rate else load.concurrency,
-        "request_rate": load.request_rate, "ok": run.ok, "reason": "" if run.ok else run.reason,
+        "protocol": load.protocol,
+        "concurrency": None if load.request_rate else load.concurrency,
+        "request_rate": load.request_rate,
+        "ok": run.ok,
+        "reason": "" if run.ok else run.reason,
         "throughput": point.throughput if point else None,
         "p99_ms": float(np.percentile(run.latencies_us, 99)) / 1000 if run.latencies_us.size else None,
         "server_queue_us": point.server_queue_us if point else None,
         "server_compute_us": point.server_compute_us if point else None,
-        "gpu": gpu, "steps": step_breakdown(before, after),
-    }  # fmt: skip
+        "gpu": gpu,
+        "steps": step_breakdown(before, after),
+    }
 
 
 def sweep(server, name: str, data: Path, args) -> list[dict]:
@@ -204,8 +208,11 @@ def sweep(server, name: str, data: Path, args) -> list[dict]:
                 f"{step}:q{s['queue_us']:.0f}/c{s['compute_us']:.0f}/b{s['mean_batch']}"
                 for step, s in p["steps"].items()
             )
-            print(f"    {protocol:<4} {at:<11} {p['throughput'] or 0:>9,.0f} infer/s  p99 {p['p99_ms'] or 0:7.2f} ms "
-                  f"{steps} {p['reason']}", flush=True)  # fmt: skip
+            print(
+                f"    {protocol:<4} {at:<11} {p['throughput'] or 0:>9,.0f} infer/s  p99 {p['p99_ms'] or 0:7.2f} ms "
+                f"{steps} {p['reason']}",
+                flush=True,
+            )
     return points
 
 
@@ -231,21 +238,38 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
     parser.add_argument("--tune-concurrency", type=int, default=64, help="where the pre/post steps are the limit")
     parser.add_argument("--tune-budget", type=int, default=14)
-    parser.add_argument("--targets", default="ensemble,model",
-                        help="what perf_analyzer drives: the ensemble, and the model step alone (its own inputs)")  # fmt: skip
+    parser.add_argument(
+        "--targets",
+        default="ensemble,model",
+        help="what perf_analyzer drives: the ensemble, and the model step alone (its own inputs)",
+    )
     parser.add_argument("--max-p99-ms", type=float, default=4.0, help="the goal: the best throughput within it")
     parser.add_argument("--gate-p99-ms", type=float, default=50.0, help="the release's limit at the tune load")
     parser.add_argument("--forms", default="torchscript", help="served forms of the model step: torchscript,eager")
     parser.add_argument("--protocols", default="http", help="perf_analyzer's protocols: http,grpc")
-    parser.add_argument("--instances", nargs="*", type=instance_pair, default=[], metavar="MxS",
-                        help="also serve the tuned settings with M model instances and S of each step, e.g. 1x4")  # fmt: skip
-    parser.add_argument("--tuned-from", type=Path, help="an earlier result of this benchmark: serve its tuned "
-                        "settings instead of tuning again (same model, same machine)")  # fmt: skip
+    parser.add_argument(
+        "--instances",
+        nargs="*",
+        type=instance_pair,
+        default=[],
+        metavar="MxS",
+        help="also serve the tuned settings with M model instances and S of each step, e.g. 1x4",
+    )
+    parser.add_argument(
+        "--tuned-from",
+        type=Path,
+        help="an earlier result of this benchmark: serve its tuned "
+        "settings instead of tuning again (same model, same machine)",
+    )
     args = parser.parse_args()
     factory = "users_v1" if args.size == "users" else "bert4rec_v1"
     name = f"b4r_{args.precision}"
-    report: dict = {"arguments": vars(args), "torch": torch.__version__, "cpus": os.cpu_count(),
-                    "machine": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"}  # fmt: skip
+    report: dict = {
+        "arguments": vars(args),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "machine": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+    }
     forms = "" if args.forms == "torchscript" else "_" + args.forms.replace(",", "_")
     protocols = "" if args.protocols == "http" else "_" + args.protocols.replace(",", "_")
     suffix = forms + protocols + ("_instances" if args.instances else "")
@@ -263,35 +287,70 @@ def main() -> None:
         staged = stage(repo_uri, name, version, stack.gate.http_url, s3=stack.s3, run_id="gpu-bench")
         report["stage"] = json.loads(staged.to_json())
         print(f"staged v{version}: accuracy {'passed' if staged.accuracy_passed else 'FAILED'}", flush=True)
-        load = perf.LoadSettings(concurrency=args.tune_concurrency, window_ms=WINDOW_MS,
-                                 stability_pct=RELAXED_STABILITY_PCT)  # fmt: skip
-        tuning = tune(repo_uri, name, version, stack.gate.http_url,
-                      TuneSettings(load=load, max_p99_ms=args.gate_p99_ms, budget=args.tune_budget,
-                                   instance_counts=(1, 2, 4)),
-                      s3=stack.s3, run_id="gpu-bench", metrics_url=stack.gate.metrics_url,
-                      enabled=args.tuned_from is None)  # fmt: skip
+        load = perf.LoadSettings(
+            concurrency=args.tune_concurrency, window_ms=WINDOW_MS, stability_pct=RELAXED_STABILITY_PCT
+        )
+        tuning = tune(
+            repo_uri,
+            name,
+            version,
+            stack.gate.http_url,
+            TuneSettings(load=load, max_p99_ms=args.gate_p99_ms, budget=args.tune_budget, instance_counts=(1, 2, 4)),
+            s3=stack.s3,
+            run_id="gpu-bench",
+            metrics_url=stack.gate.metrics_url,
+            enabled=args.tuned_from is None,
+        )
         if args.tuned_from:
             earlier = TuneResult.from_json(json.dumps(json.loads(args.tuned_from.read_text())["tuning"]))
             tuning.chosen = earlier.chosen
-            bench = GateBench(stack.gate.http_url, read_candidate(ModelRepository(repo_uri, stack.s3), name, version),
-                              load, 120)  # fmt: skip
+            bench = GateBench(
+                stack.gate.http_url, read_candidate(ModelRepository(repo_uri, stack.s3), name, version), load, 120
+            )
             bench.apply(tuning.chosen)  # the gate measures the candidate as it would have been tuned
             bench.close()
         report["tuning"] = json.loads(tuning.to_json())
         source = f"from {args.tuned_from}" if args.tuned_from else tuning.confirmation or "the default"
         print(f"tuned: {tuning.chosen} ({source})", flush=True)
-        gating = GateSettings(concurrency=args.tune_concurrency, window_ms=WINDOW_MS,
-                              thresholds=Thresholds(max_p99_ms=args.gate_p99_ms, max_p99_regression_pct=None,
-                                                    max_throughput_regression_pct=None))  # fmt: skip
-        verdict = gate(repo_uri, name, version, stack.gate.http_url, gating, staged, s3=stack.s3, run_id="gpu-bench",
-                       tuning=tuning, metrics_url=stack.gate.metrics_url)  # fmt: skip
-        report["gate"] = {"verdict": verdict.verdict, "reasons": verdict.reasons, "rounds": verdict.rounds,
-                          "server": verdict.server}  # fmt: skip
+        gating = GateSettings(
+            concurrency=args.tune_concurrency,
+            window_ms=WINDOW_MS,
+            thresholds=Thresholds(
+                max_p99_ms=args.gate_p99_ms, max_p99_regression_pct=None, max_throughput_regression_pct=None
+            ),
+        )
+        verdict = gate(
+            repo_uri,
+            name,
+            version,
+            stack.gate.http_url,
+            gating,
+            staged,
+            s3=stack.s3,
+            run_id="gpu-bench",
+            tuning=tuning,
+            metrics_url=stack.gate.metrics_url,
+        )
+        report["gate"] = {
+            "verdict": verdict.verdict,
+            "reasons": verdict.reasons,
+            "rounds": verdict.rounds,
+            "server": verdict.server,
+        }
         print(f"gate: {verdict.verdict}: {'; '.join(verdict.reasons)}", flush=True)
         server = stack.replicas[0]
         if verdict.verdict == "pass":
-            promote(repo_uri, name, version, [Replica(server.name, server.http_url)], "pass", stack.gate.http_url,
-                    tuning.chosen, s3=stack.s3, run_id="gpu-bench")  # fmt: skip
+            promote(
+                repo_uri,
+                name,
+                version,
+                [Replica(server.name, server.http_url)],
+                "pass",
+                stack.gate.http_url,
+                tuning.chosen,
+                s3=stack.s3,
+                run_id="gpu-bench",
+            )
             print("promoted to", server.name, flush=True)
         repo = ModelRepository(repo_uri, stack.s3)
         candidate = read_candidate(repo, name, version)
@@ -317,8 +376,12 @@ def main() -> None:
         for form, eager in forms.items():
             configs = [("users' default", USERS_DEFAULT), ("tuned", tuning.chosen)]
             for model_count, step_count in args.instances:
-                configs.append((f"tuned, {model_count}x{step_count}", dataclasses.replace(
-                    tuning.chosen, instance_count=model_count, step_instance_count=step_count)))  # fmt: skip
+                configs.append(
+                    (
+                        f"tuned, {model_count}x{step_count}",
+                        dataclasses.replace(tuning.chosen, instance_count=model_count, step_instance_count=step_count),
+                    )
+                )
             for label, settings in configs:
                 print(f"  {form}, {label}: {settings}", flush=True)
                 try:
@@ -331,9 +394,16 @@ def main() -> None:
                     print(f"   {target}", flush=True)
                     served, served_data = targets[target]
                     points = sweep(server, served, served_data, args)
-                    report["configs"].append({"form": form, "config": label, "target": target,
-                                              "settings": settings.__dict__, "points": points,
-                                              "best_within_p99": best_within(points, args.max_p99_ms)})  # fmt: skip
+                    report["configs"].append(
+                        {
+                            "form": form,
+                            "config": label,
+                            "target": target,
+                            "settings": settings.__dict__,
+                            "points": points,
+                            "best_within_p99": best_within(points, args.max_p99_ms),
+                        }
+                    )
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(json.dumps(report | {"seconds": time.monotonic() - started}, indent=2, default=str))
     print(

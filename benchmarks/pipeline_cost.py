@@ -95,14 +95,22 @@ def main() -> None:
     print(f"{'step':<9} {'total s':>8} {'unavoidable s':>14} {'ours s':>7}")
     for step, m in median.items():
         print(f"{step:<9} {m['total']:>8.2f} {m['unavoidable']:>14.2f} {m['total'] - m['unavoidable']:>7.2f}")
-    print(f"{'all':<9} {total:>8.2f} {unavoidable:>14.2f} {total - unavoidable:>7.2f}   "
-          f"our overhead {100 * (total - unavoidable) / total:.0f}% of the steps' time")  # fmt: skip
-    print(f"the same release as one KFP local run: {local_run_seconds:.1f} s "
-          f"(+{local_run_seconds - total:.1f} s for the local runner's task subprocesses)")  # fmt: skip
+    print(
+        f"{'all':<9} {total:>8.2f} {unavoidable:>14.2f} {total - unavoidable:>7.2f}   "
+        f"our overhead {100 * (total - unavoidable) / total:.0f}% of the steps' time"
+    )
+    print(
+        f"the same release as one KFP local run: {local_run_seconds:.1f} s "
+        f"(+{local_run_seconds - total:.1f} s for the local runner's task subprocesses)"
+    )
     out = Path(__file__).parent / "results" / "pipeline_cost.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"repeats": args.repeats, "median_per_step": median, "runs": runs,
-                               "local_run_seconds": local_run_seconds}, indent=2))  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {"repeats": args.repeats, "median_per_step": median, "runs": runs, "local_run_seconds": local_run_seconds},
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -123,12 +123,18 @@ def main() -> None:
                         runs[form].append(perf.measure(server.http_url, folder.name, data, load))
                 for form in forms:
                     ok = [r.points[0] for r in runs[form] if r.ok]
-                    rows.append({
-                        "model": factory, "precision": precision, "served": FORMS[form], "concurrency": concurrency,
-                        "runs_ok": len(ok), "failures": [r.reason for r in runs[form] if not r.ok],
-                        "throughput": statistics.median(p.throughput for p in ok) if ok else None,
-                        "p99_ms": statistics.median(p.p99_us for p in ok) / 1000 if ok else None,
-                    })  # fmt: skip
+                    rows.append(
+                        {
+                            "model": factory,
+                            "precision": precision,
+                            "served": FORMS[form],
+                            "concurrency": concurrency,
+                            "runs_ok": len(ok),
+                            "failures": [r.reason for r in runs[form] if not r.ok],
+                            "throughput": statistics.median(p.throughput for p in ok) if ok else None,
+                            "p99_ms": statistics.median(p.p99_us for p in ok) / 1000 if ok else None,
+                        }
+                    )
                     print(rows[-1], flush=True)
             with TritonAdmin(server.http_url) as admin:
                 for folder in folders.values():
@@ -142,10 +148,20 @@ def main() -> None:
     machine = torch.cuda.get_device_name() if gpu else "cpu"
     suffix = "" if args.models == "sample" else f"_{args.models}"
     out = HERE / "results" / f"served_speed_{'cuda_' + machine.split()[-1].lower() if gpu else 'cpu'}{suffix}.json"
-    out.write_text(json.dumps({
-        "command": " ".join(sys.argv), "repeats": args.repeats, "device": args.device, "machine": machine,
-        "torch": torch.__version__, "cpus": os.cpu_count(), "rows": rows,
-    }, indent=2))  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {
+                "command": " ".join(sys.argv),
+                "repeats": args.repeats,
+                "device": args.device,
+                "machine": machine,
+                "torch": torch.__version__,
+                "cpus": os.cpu_count(),
+                "rows": rows,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
 
 

@@ -91,11 +91,13 @@ def summarise(name, searched, full, search_seconds, grid_seconds) -> dict:
         (
             i + 1
             for i, trial in enumerate(searched.trials)
-            if (g := by_settings.get(trial.settings)) and g.measured and g.p99_ms <= limit
+            if (g := by_settings.get(trial.settings))
+            and g.measured
+            and g.p99_ms <= limit
             and g.throughput >= 0.95 * best.throughput
         ),
         None,
-    )  # fmt: skip
+    )
     return {
         "model": name,
         "p99_limit_ms": limit,
@@ -118,8 +120,10 @@ def summarise(name, searched, full, search_seconds, grid_seconds) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"\n{'model':12} {'default/s':>10} {'tuned/s':>9} {'x':>6} {'grid best/s':>12} {'chosen/best':>12} "
-          f"{'measured':>9} {'to 5%':>7} {'search s':>9} {'grid s':>7}")  # fmt: skip
+    print(
+        f"\n{'model':12} {'default/s':>10} {'tuned/s':>9} {'x':>6} {'grid best/s':>12} {'chosen/best':>12} "
+        f"{'measured':>9} {'to 5%':>7} {'search s':>9} {'grid s':>7}"
+    )
     for r in rows:
         print(
             f"{r['model']:12} {r['default']['throughput']:>10,.0f} {r['chosen']['throughput']:>9,.0f} "

@@ -82,8 +82,11 @@ def with_serving_settings(
             own = replace(own, instance_count=settings.step_instance_count)
         if member.max_batch_size > 0 and settings.max_batch_size is not None:
             cap = min(settings.max_batch_size, member.max_batch_size)
-            own = replace(own, max_batch_size=cap,
-                          preferred_batch_sizes=tuple(sorted({min(p, cap) for p in settings.preferred_batch_sizes})))  # fmt: skip
+            own = replace(
+                own,
+                max_batch_size=cap,
+                preferred_batch_sizes=tuple(sorted({min(p, cap) for p in settings.preferred_batch_sizes})),
+            )
         tuned[name] = with_settings(member, own)
     entry = ModelConfig()
     entry.CopyFrom(config)

@@ -103,16 +103,20 @@ def measure_sequentially(
             broken = next((r for r in runs if not r.ok and r.exit_code != 2), None)
             if broken is not None:
                 result.verdict, result.stopped = "fail", "a measurement failed"
-                result.reasons = [f"perf_analyzer on {broken.model} v{broken.version} (round {result.rounds + 1}) "
-                                  f"exited {broken.exit_code}: {broken.reason}"]  # fmt: skip
+                result.reasons = [
+                    f"perf_analyzer on {broken.model} v{broken.version} (round {result.rounds + 1}) "
+                    f"exited {broken.exit_code}: {broken.reason}"
+                ]
                 return
             if all(r.ok for r in runs) or clock() - started + round_seconds > settings.budget_s:
                 break
         if not all(r.ok for r in runs):
             unstable = next(r for r in runs if not r.ok)
             result.verdict, result.stopped = "inconclusive", "a round could not be measured"
-            result.reasons = [f"perf_analyzer on {unstable.model} v{unstable.version} could not measure round "
-                              f"{result.rounds + 1} in {attempt} attempt(s): {unstable.reason}"]  # fmt: skip
+            result.reasons = [
+                f"perf_analyzer on {unstable.model} v{unstable.version} could not measure round "
+                f"{result.rounds + 1} in {attempt} attempt(s): {unstable.reason}"
+            ]
             return
         result.rounds += 1
         c_ms, s_ms, c_s, s_s = round_requests(
@@ -122,8 +126,9 @@ def measure_sequentially(
         if s_ms is not None:
             result.stable.add(s_ms, s_s)
         if result.rounds >= settings.min_rounds:
-            result.effects = gate_stats.effects(result.candidate, result.stable if with_stable else None, limits,
-                                                settings.confidence)  # fmt: skip
+            result.effects = gate_stats.effects(
+                result.candidate, result.stable if with_stable else None, limits, settings.confidence
+            )
             decision = gate_stats.judge(result.effects)
             if decision != "undecided":
                 result.verdict = decision
@@ -186,11 +191,19 @@ def gate(
 
         report.write(result, out_dir)
     repo.record(
-        model, "gate", version, run_id, verdict=result.verdict, reasons=result.reasons,
-        stable_version=stable_version, candidate=result.candidate.summary(), stable=result.stable.summary(),
-        effects=[e.to_dict() for e in result.effects], rounds=result.rounds,
+        model,
+        "gate",
+        version,
+        run_id,
+        verdict=result.verdict,
+        reasons=result.reasons,
+        stable_version=stable_version,
+        candidate=result.candidate.summary(),
+        stable=result.stable.summary(),
+        effects=[e.to_dict() for e in result.effects],
+        rounds=result.rounds,
         serving=result.tuning["chosen"] if result.tuning else None,
-    )  # fmt: skip
+    )
     log.event(LOG, "verdict", model=model, version=version, verdict=result.verdict, reasons="; ".join(result.reasons))
     return result
 
@@ -283,8 +296,11 @@ def _round_measure(url: str, targets: list[perf.Target], data: Path, settings: G
 def _write_latencies(result: GateResult, path: Path) -> None:
     """Every measured request's latency (ms), round by round, for anyone who wants to check the verdict."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    arrays = {f"{side}_round{i + 1:03d}": lat for side, r in (("candidate", result.candidate), ("stable", result.stable))
-              for i, lat in enumerate(r.latencies_ms)}  # fmt: skip
+    arrays = {
+        f"{side}_round{i + 1:03d}": lat
+        for side, r in (("candidate", result.candidate), ("stable", result.stable))
+        for i, lat in enumerate(r.latencies_ms)
+    }
     np.savez_compressed(path, **arrays)
 
 

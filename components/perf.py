@@ -91,10 +91,16 @@ class PerfRun:
 
     def to_dict(self) -> dict[str, object]:
         return {
-            "model": self.model, "version": self.version, "exit_code": self.exit_code, "ok": self.ok,
-            "reason": self.reason, "seconds": round(self.seconds, 3), "requests": int(self.latencies_us.size),
-            "points": [asdict(p) for p in self.points], "stderr_tail": self.stderr_tail if not self.ok else "",
-        }  # fmt: skip
+            "model": self.model,
+            "version": self.version,
+            "exit_code": self.exit_code,
+            "ok": self.ok,
+            "reason": self.reason,
+            "seconds": round(self.seconds, 3),
+            "requests": int(self.latencies_us.size),
+            "points": [asdict(p) for p in self.points],
+            "stderr_tail": self.stderr_tail if not self.ok else "",
+        }
 
 
 def write_input_data(samples: Mapping[str, np.ndarray], path: Path, batched: bool, limit: int = 64) -> Path:
@@ -177,18 +183,29 @@ class LoadSettings:
 
 def _arguments(url: str, model: str, input_data: Path, load: LoadSettings, version: str, out: Path) -> list[str]:
     args = [
-        "-m", model,
-        "-u", url,
-        "-i", load.protocol,
-        "-b", str(load.batch_size),
-        "--input-data", str(input_data),
-        "-p", str(load.window_ms),
-        "-s", str(load.stability_pct),
-        "-r", str(load.max_trials),
-        "-f", str(out / "perf.csv"),
-        "--profile-export-file", str(out / "profile.json"),
-        "--measurement-mode", "time_windows",
-    ]  # fmt: skip
+        "-m",
+        model,
+        "-u",
+        url,
+        "-i",
+        load.protocol,
+        "-b",
+        str(load.batch_size),
+        "--input-data",
+        str(input_data),
+        "-p",
+        str(load.window_ms),
+        "-s",
+        str(load.stability_pct),
+        "-r",
+        str(load.max_trials),
+        "-f",
+        str(out / "perf.csv"),
+        "--profile-export-file",
+        str(out / "profile.json"),
+        "--measurement-mode",
+        "time_windows",
+    ]
     if version:
         args += ["-x", version]
     key = admin_key.from_env()
@@ -257,10 +274,15 @@ def measure_together(
                 requests=parse_profile_export(out / "profile.json") if exit_code == 0 else Requests.empty(),
             )
             log.event(
-                LOG, "perf_analyzer", model=target.model, version=target.version or "latest", exit=exit_code,
-                seconds=f"{seconds:.1f}", requests=run.latencies_us.size,
+                LOG,
+                "perf_analyzer",
+                model=target.model,
+                version=target.version or "latest",
+                exit=exit_code,
+                seconds=f"{seconds:.1f}",
+                requests=run.latencies_us.size,
                 throughput=run.points[0].throughput if run.points else None,
-            )  # fmt: skip
+            )
             runs.append(run)
     return runs
 

@@ -181,16 +181,25 @@ def _promote(
         result.problems.append(str(exc))
         _revert(repo, release, admins, previous, new_etag, member_state, member_etags, result)
         try:
-            repo.record(model, "reverted", version, run_id, previous_version=previous_version, complete=result.reverted,
-                        replicas=[asdict(state) for state in result.after_revert], problems=result.problems)  # fmt: skip
+            repo.record(
+                model,
+                "reverted",
+                version,
+                run_id,
+                previous_version=previous_version,
+                complete=result.reverted,
+                replicas=[asdict(state) for state in result.after_revert],
+                problems=result.problems,
+            )
         except S3Error as record_error:
             result.problems.append(f"the history event could not be written ({record_error})")
         stable = f"v{previous_version}" if previous_version else "no version"
         if result.reverted:
             raise PromotionError(
                 f"promotion of {model} v{version} failed and every replica was reverted to {stable}: "
-                f"{'; '.join(result.problems)}", result,
-            ) from None  # fmt: skip
+                f"{'; '.join(result.problems)}",
+                result,
+            ) from None
         raise PartialRevert(
             f"promotion of {model} v{version} failed and could not be reverted to {stable} "
             f"({', '.join(s.describe() for s in result.after_revert)}): {'; '.join(result.problems)}; "
@@ -205,8 +214,15 @@ def _promote(
     try:
         for name, member_config in configs.items():  # every replica runs the new members only now
             repo.write_desired_config(name, member_config, member_etags[name])
-        repo.record(model, "promoted", version, run_id, previous_version=previous_version, replicas=result.replicas,
-                    members=dict.fromkeys(configs, version))  # fmt: skip
+        repo.record(
+            model,
+            "promoted",
+            version,
+            run_id,
+            previous_version=previous_version,
+            replicas=result.replicas,
+            members=dict.fromkeys(configs, version),
+        )
     except S3Error as exc:
         raise PromotionError(
             f"{model} v{version} is promoted (every replica serves it and S3 names it) but the last write to S3 "
@@ -265,8 +281,13 @@ def _revert(
             result.problems.append(f"revert of {admin.url}: {exc}")
     result.after_revert = [_state(admin, model, candidate.version, stable_versions) for admin in admins]
     result.reverted = all(state.reverted for state in result.after_revert)
-    log.event(LOG, "reverted" if result.reverted else "partly reverted", model=model, version=candidate.version,
-              level=30 if result.reverted else 40)  # fmt: skip
+    log.event(
+        LOG,
+        "reverted" if result.reverted else "partly reverted",
+        model=model,
+        version=candidate.version,
+        level=30 if result.reverted else 40,
+    )
 
 
 def _state(admin: TritonAdmin, model: str, candidate: int, stable: list[int]) -> ReplicaOutcome:

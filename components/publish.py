@@ -122,10 +122,16 @@ def publish_bundle(
         name = member.config.name
         repo.claim_version(name, version, owner)
         manifest = Manifest(
-            model=name, version=version, files=entries[name], digest=content_digest(entries[name]), run_id=run_id,
-            created=utc_now(), signature=member.signature.to_dict(), fingerprint=member.fingerprint(),
+            model=name,
+            version=version,
+            files=entries[name],
+            digest=content_digest(entries[name]),
+            run_id=run_id,
+            created=utc_now(),
+            signature=member.signature.to_dict(),
+            fingerprint=member.fingerprint(),
             ensemble=bundle.name,
-        )  # fmt: skip
+        )
         repo.upload_version(files[name], manifest, staged=True)
     with tempfile.TemporaryDirectory(prefix="tritonship-publish-") as tmp:
         pinned = Path(tmp) / model_folder.CONFIG_FILE
@@ -136,10 +142,16 @@ def publish_bundle(
             model_folder.CONFIG_FILE: {"sha256": sha256_file(pinned), "size": pinned.stat().st_size},
         }
         manifest = Manifest(
-            model=bundle.name, version=version, files=ensemble_entries, digest=digest, run_id=run_id,
-            created=utc_now(), signature=bundle.ensemble.signature.to_dict(),
-            fingerprint=bundle.ensemble.fingerprint(), members={m.config.name: version for m in bundle.members},
-        )  # fmt: skip
+            model=bundle.name,
+            version=version,
+            files=ensemble_entries,
+            digest=digest,
+            run_id=run_id,
+            created=utc_now(),
+            signature=bundle.ensemble.signature.to_dict(),
+            fingerprint=bundle.ensemble.fingerprint(),
+            members={m.config.name: version for m in bundle.members},
+        )
         repo.upload_version(ensemble_files, manifest, staged=True)
     uri = repo.version_uri(bundle.name, version, True)
     repo.record(bundle.name, "published", version, run_id, digest=digest, uri=uri, members=manifest.members)

@@ -23,8 +23,16 @@ def rows(result: GateResult) -> list[tuple[str, str, str, str, str, str]]:
     for label, rounds in (("candidate", result.candidate), ("stable", result.stable)):
         if len(rounds):
             t = rounds.summary()
-            out.append((label, str(t["rounds"]), f"{t['requests']:,}", _fmt(t["throughput"], ",.0f"),
-                        _fmt(t["p50_ms"], ".3f"), _fmt(t["p99_ms"], ".3f")))  # fmt: skip
+            out.append(
+                (
+                    label,
+                    str(t["rounds"]),
+                    f"{t['requests']:,}",
+                    _fmt(t["throughput"], ",.0f"),
+                    _fmt(t["p50_ms"], ".3f"),
+                    _fmt(t["p99_ms"], ".3f"),
+                )
+            )
     return out
 
 
@@ -56,14 +64,20 @@ def tuning_rows(tuning: dict[str, Any] | None) -> list[tuple[str, ...]]:
         note = "chosen" if settings == chosen else trial["problem"]
         if settings == tuning["default"]:
             note = f"default{', ' + note if note else ''}"
-        out.append((
-            _instances(settings), _threads(settings), str(settings["max_batch_size"] or "-"),
-            str(settings["max_queue_delay_us"]) if settings["dynamic_batching"] else "off",
-            ",".join(map(str, settings["preferred_batch_sizes"])) or "-",
-            _fmt(trial["throughput"], ",.0f"), _fmt(trial["p99_ms"], ".3f"),
-            _fmt(trial.get("server", {}).get("gpu_util_pct_mean"), ".0f"),
-            _fmt(trial.get("server", {}).get("cpu_util_pct_mean"), ".0f"), note,
-        ))  # fmt: skip
+        out.append(
+            (
+                _instances(settings),
+                _threads(settings),
+                str(settings["max_batch_size"] or "-"),
+                str(settings["max_queue_delay_us"]) if settings["dynamic_batching"] else "off",
+                ",".join(map(str, settings["preferred_batch_sizes"])) or "-",
+                _fmt(trial["throughput"], ",.0f"),
+                _fmt(trial["p99_ms"], ".3f"),
+                _fmt(trial.get("server", {}).get("gpu_util_pct_mean"), ".0f"),
+                _fmt(trial.get("server", {}).get("cpu_util_pct_mean"), ".0f"),
+                note,
+            )
+        )
     return out
 
 
@@ -127,8 +141,11 @@ def markdown(result: GateResult) -> str:
         *[f"- {reason}" for reason in result.reasons],
     ]
     if result.effects:
-        lines += ["", f"| limit | estimate [{result.settings.get('confidence', 0.9):.0%} interval] | status |",
-                  "| --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            f"| limit | estimate [{result.settings.get('confidence', 0.9):.0%} interval] | status |",
+            "| --- | --- | --- |",
+        ]
         lines += [f"| {e.name} | {e.describe().rsplit(': ', 1)[0]} | {e.status} |" for e in result.effects]
     lines += [
         "",
@@ -149,8 +166,9 @@ def plot(result: GateResult, path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(result.effects), 1, figsize=(6.4, 1.3 + 1.1 * len(result.effects)), dpi=110,
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(result.effects), 1, figsize=(6.4, 1.3 + 1.1 * len(result.effects)), dpi=110, squeeze=False
+    )
     for ax, effect in zip(axes[:, 0], result.effects, strict=True):
         scale = 100 if effect.unit == "%" else 1
         est, low, high, limit = (v * scale for v in (effect.estimate, effect.low, effect.high, effect.limit))
@@ -164,10 +182,12 @@ def plot(result: GateResult, path: Path) -> bool:
         ax.set_xlim(left, right)
         ax.set_yticks([])
         unit = "%" if effect.unit == "%" else f" {effect.unit}"
-        ax.set_title(f"{effect.name}: {est:+.1f}{unit} [{low:+.1f}, {high:+.1f}], limit {limit:+g}{unit} — {effect.status}"
-                     if effect.unit == "%" else
-                     f"{effect.name}: {est:,.2f}{unit} [{low:,.2f}, {high:,.2f}], limit {limit:g}{unit} — {effect.status}",
-                     fontsize=9)  # fmt: skip
+        ax.set_title(
+            f"{effect.name}: {est:+.1f}{unit} [{low:+.1f}, {high:+.1f}], limit {limit:+g}{unit} — {effect.status}"
+            if effect.unit == "%"
+            else f"{effect.name}: {est:,.2f}{unit} [{low:,.2f}, {high:,.2f}], limit {limit:g}{unit} — {effect.status}",
+            fontsize=9,
+        )
     fig.suptitle(f"{result.model} v{result.version}: {result.verdict} ({result.rounds} rounds)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)

@@ -228,9 +228,11 @@ class GateResult:
         shared = {f.name: getattr(self, f.name) for f in fields(Verdict) if hasattr(self, f.name)}
         return Verdict(
             **{**shared, "effects": [e.to_dict() for e in self.effects]},
-            candidate_summary=self.candidate.summary(), stable_summary=self.stable.summary(),
-            candidate_rounds=self.candidate.per_round(), stable_rounds=self.stable.per_round(),
-        )  # fmt: skip
+            candidate_summary=self.candidate.summary(),
+            stable_summary=self.stable.summary(),
+            candidate_rounds=self.candidate.per_round(),
+            stable_rounds=self.stable.per_round(),
+        )
 
     def to_json(self) -> str:
         return self.as_verdict().to_json()

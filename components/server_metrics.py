@@ -92,8 +92,10 @@ def describe(summary: dict[str, Any]) -> str:
         return "no server metrics (the metrics endpoint was not given or did not answer)"
     parts = []
     if "gpu_util_pct_mean" in summary:
-        parts.append(f"GPU {summary['gpu_util_pct_mean']:.0f}% busy (peak {summary['gpu_util_pct_max']:.0f}%), "
-                     f"{summary['gpu_memory_gib_max']:.2f} GiB used")  # fmt: skip
+        parts.append(
+            f"GPU {summary['gpu_util_pct_mean']:.0f}% busy (peak {summary['gpu_util_pct_max']:.0f}%), "
+            f"{summary['gpu_memory_gib_max']:.2f} GiB used"
+        )
     else:
         parts.append("no GPU metrics (a CPU server)")
     if "cpu_util_pct_mean" in summary:

@@ -86,9 +86,11 @@ class Thresholds:
     def limits(self, with_stable: bool) -> gate_stats.Limits:
         pct = lambda v: None if v is None or not with_stable else v / 100  # noqa: E731
         return gate_stats.Limits(
-            self.max_p99_ms, self.min_throughput, pct(self.max_p99_regression_pct),
+            self.max_p99_ms,
+            self.min_throughput,
+            pct(self.max_p99_regression_pct),
             pct(self.max_throughput_regression_pct),
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)
@@ -109,11 +111,13 @@ class GateSettings:
             f"concurrency must be at least 1, not {self.concurrency}" if self.concurrency < 1 else "",
             f"window_ms must be at least 100, not {self.window_ms}" if self.window_ms < 100 else "",
             f"design must be one of {', '.join(DESIGNS)}, not {self.design!r}" if self.design not in DESIGNS else "",
-            f"min_rounds must be at least {gate_stats.MIN_ROUNDS}, not {self.min_rounds}" if self.min_rounds < gate_stats.MIN_ROUNDS else "",
+            f"min_rounds must be at least {gate_stats.MIN_ROUNDS}, not {self.min_rounds}"
+            if self.min_rounds < gate_stats.MIN_ROUNDS
+            else "",
             f"budget_s must be positive, not {self.budget_s}" if self.budget_s <= 0 else "",
             f"max_attempts must be at least 1, not {self.max_attempts}" if self.max_attempts < 1 else "",
             f"confidence must be between 0.5 and 1, not {self.confidence}" if not 0.5 <= self.confidence < 1 else "",
-        ]  # fmt: skip
+        ]
         if any(problems):
             raise ValueError("invalid gate settings: " + "; ".join(p for p in problems if p))
 
@@ -126,8 +130,12 @@ class GateSettings:
             raise ValueError(f"invalid gate settings: no parameter named {', '.join(unknown)}")
         values = {name: _typed(name, flat.get(name, p.default)) for name, p in GATE_PARAMETERS.items()}
         off = lambda v: v if v else None  # noqa: E731
-        thresholds = Thresholds(*(off(values.pop(n)) for n in (
-            "max_p99_ms", "min_throughput", "max_p99_regression_pct", "max_throughput_regression_pct")))  # fmt: skip
+        thresholds = Thresholds(
+            *(
+                off(values.pop(n))
+                for n in ("max_p99_ms", "min_throughput", "max_p99_regression_pct", "max_throughput_regression_pct")
+            )
+        )
         return cls(thresholds=thresholds, request_rate=off(values.pop("request_rate")), **values)
 
     def to_flat(self) -> dict[str, Any]:
@@ -139,9 +147,11 @@ class GateSettings:
     @property
     def load(self) -> perf.LoadSettings:
         return perf.LoadSettings(
-            concurrency=self.concurrency, request_rate=self.request_rate, window_ms=self.window_ms,
+            concurrency=self.concurrency,
+            request_rate=self.request_rate,
+            window_ms=self.window_ms,
             stability_pct=RELAXED_STABILITY_PCT,
-        )  # fmt: skip
+        )
 
 
 def _typed(name: str, value: Any) -> Any:

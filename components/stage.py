@@ -143,9 +143,15 @@ def stage(
     passed = not load_error and all(r.passed for r in accuracy)
     result = StageResult(model, version, name, gate.url, passed, accuracy, round(load_seconds, 3), load_error)
     repo.record(
-        model, "staged", version, run_id, gate=gate.url, accuracy_passed=passed,
-        accuracy=[asdict(r) for r in accuracy], load_error=load_error,
-    )  # fmt: skip
+        model,
+        "staged",
+        version,
+        run_id,
+        gate=gate.url,
+        accuracy_passed=passed,
+        accuracy=[asdict(r) for r in accuracy],
+        load_error=load_error,
+    )
     log.event(LOG, "staged", model=model, version=version, gate=gate.url, accuracy_passed=passed)
     if load_error:
         log.event(LOG, "the gate server could not load the candidate", error=load_error)  # the result says it

@@ -227,8 +227,9 @@ def _best(trials: Iterator[Trial], limit_ms: float | None) -> Trial | None:
     return max(within, key=lambda t: t.throughput, default=None)
 
 
-def search(measure: Callable[[ServingSettings], Trial], default: ServingSettings, settings: TuneSettings,
-           grid_size: int) -> TuneResult:  # fmt: skip
+def search(
+    measure: Callable[[ServingSettings], Trial], default: ServingSettings, settings: TuneSettings, grid_size: int
+) -> TuneResult:
     """Coordinate search from `default` (see the module docstring). `measure` loads and measures one setting."""
     result = TuneResult("", 0, default, default, settings.max_p99_ms, grid_size)
     measured: dict[ServingSettings, Trial] = {}
@@ -354,6 +355,14 @@ def tune(
     if result.enabled:  # turned off, there is nothing to record
         details = {k: v for k, v in json.loads(result.to_json()).items() if k not in ("model", "version")}
         repo.record(model, "tuned", version, run_id, **details)
-    log.event(LOG, "tuned", model=model, version=version, chosen=asdict(result.chosen), gain_pct=result.gain_pct,
-              tried=len(result.trials), grid=size)  # fmt: skip
+    log.event(
+        LOG,
+        "tuned",
+        model=model,
+        version=version,
+        chosen=asdict(result.chosen),
+        gain_pct=result.gain_pct,
+        tried=len(result.trials),
+        grid=size,
+    )
     return result

@@ -48,8 +48,12 @@ def friendly_errors(fn: F) -> F:
             raise typer.Exit(exc.exit_code) from None
         except OSError as exc:  # a path argument that is missing, a directory, or not ours to read or write
             where = f" {exc.filename}" if exc.filename else ""
-            console.print(f"[bold red]error:[/] cannot use{where}: {(exc.strerror or str(exc)).lower()}; check the path.",
-                          highlight=False, markup=True, soft_wrap=True)  # fmt: skip
+            console.print(
+                f"[bold red]error:[/] cannot use{where}: {(exc.strerror or str(exc)).lower()}; check the path.",
+                highlight=False,
+                markup=True,
+                soft_wrap=True,
+            )
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             console.print("[yellow]interrupted[/]")
@@ -149,8 +153,16 @@ def compile_cmd(
     tolerance = Tolerance.for_precision(precision, atol, rtol, int_mismatch)
     with console.status(f"compiling for {target} ({precision}, {device})"):
         result = compile_model(
-            export_dir, out, name, target, precision, device, tolerance=tolerance, opt_batch=opt_batch, workspace_gb=workspace_gb,
-        )  # fmt: skip
+            export_dir,
+            out,
+            name,
+            target,
+            precision,
+            device,
+            tolerance=tolerance,
+            opt_batch=opt_batch,
+            workspace_gb=workspace_gb,
+        )
     out_console_line(parity_table(result.parity))
     out_console_line(f"compiled {target}/{precision} on {result.device} in {result.seconds:.1f} s -> {result.out_dir}")
 
@@ -251,10 +263,15 @@ def ensemble_cmd(
     pre_name, post_name = f"{name}_pre", f"{name}_post"
     with console.status("running the reference and writing the bundle"):
         assemble(
-            out, name, Signature.load(signature), compiled,
-            Step(pre_name, pre, Signature.load(pre_signature)), Step(post_name, post, Signature.load(post_signature)),
-            load_model(model, checkpoint), golden,
-        )  # fmt: skip
+            out,
+            name,
+            Signature.load(signature),
+            compiled,
+            Step(pre_name, pre, Signature.load(pre_signature)),
+            Step(post_name, post, Signature.load(post_signature)),
+            load_model(model, checkpoint),
+            golden,
+        )
     out_console_line(f"wrote the {name} bundle ({pre_name} -> {compiled.name} -> {post_name}) to {out}")
 
 
@@ -342,8 +359,13 @@ def repo_history(model: str, repository: RepositoryOption, s3_endpoint: Endpoint
     table = Table("time", "event", "version", "run", "details")
     for event in _repository(repository, s3_endpoint).history(model):
         details = {k: v for k, v in event.items() if k not in ("time", "event", "version", "run_id", "model")}
-        table.add_row(event["time"], event["event"], str(event.get("version") or "-"), event.get("run_id", ""),
-                      json.dumps(details, sort_keys=True)[:120])  # fmt: skip
+        table.add_row(
+            event["time"],
+            event["event"],
+            str(event.get("version") or "-"),
+            event.get("run_id", ""),
+            json.dumps(details, sort_keys=True)[:120],
+        )
     out.print(table)
 
 
@@ -482,10 +504,13 @@ def tune_cmd(
 
     tune_settings = TuneSettings(
         load=LoadSettings(concurrency=concurrency, window_ms=window_ms, stability_pct=stability_pct),
-        max_p99_ms=max_p99_ms, p99_slack_pct=p99_slack_pct, budget=budget, min_gain_pct=min_gain_pct,
+        max_p99_ms=max_p99_ms,
+        p99_slack_pct=p99_slack_pct,
+        budget=budget,
+        min_gain_pct=min_gain_pct,
         instance_counts=_counts(instance_counts, "--instance-counts"),
         intra_op_thread_counts=_counts(intra_op_threads, "--intra-op-threads"),
-    )  # fmt: skip
+    )
     with console.status(f"tuning {model} v{version} on the gate (at most {budget} settings)"):
         url, metrics_url = _gate_server(gate, gate_metrics)
         result = tune(
@@ -545,9 +570,17 @@ def gate_cmd(
         with console.status(f"measuring {model} v{version} against stable (at most {budget_s:g} s)"):
             url, metrics_url = _gate_server(gate, gate_metrics)
             result = gate_step.gate(
-                repository, model, version, url, gate_settings, staged, out, s3=s3_settings(s3_endpoint),
-                tuning=tuned, metrics_url=metrics_url,
-            )  # fmt: skip
+                repository,
+                model,
+                version,
+                url,
+                gate_settings,
+                staged,
+                out,
+                s3=s3_settings(s3_endpoint),
+                tuning=tuned,
+                metrics_url=metrics_url,
+            )
         if (out / "report.md").exists():
             out_console_line((out / "report.md").read_text())
         out_console_line(f"verdict: {result.verdict}")
@@ -576,10 +609,16 @@ def promote_cmd(
     serving = read_result(tuning, "tuning result", TuneResult).chosen if tuning else None
     with console.status(f"promoting {decided.model} v{decided.version} to {len(targets)} replicas") as status:
         result = promote(
-            repository, decided.model, decided.version, targets, decided.verdict,
-            gate_url=_one_server(gate) if gate else None, settings=serving, s3=s3_settings(s3_endpoint),
+            repository,
+            decided.model,
+            decided.version,
+            targets,
+            decided.verdict,
+            gate_url=_one_server(gate) if gate else None,
+            settings=serving,
+            s3=s3_settings(s3_endpoint),
             progress=lambda what, replica: status.update(f"{what} {replica.name}"),
-        )  # fmt: skip
+        )
     out_console_line(
         f"promoted {result.model} v{result.version} (was {result.previous_version}) on {len(result.replicas)} replicas"
     )
@@ -598,8 +637,15 @@ def reject_cmd(
     from components.results import Verdict
 
     decided = read_result(verdict, "verdict", Verdict)
-    reject(repository, decided.model, decided.version, decided.verdict, decided.reasons,
-           gate_url=_one_server(gate) if gate else None, s3=s3_settings(s3_endpoint))  # fmt: skip
+    reject(
+        repository,
+        decided.model,
+        decided.version,
+        decided.verdict,
+        decided.reasons,
+        gate_url=_one_server(gate) if gate else None,
+        s3=s3_settings(s3_endpoint),
+    )
     out_console_line(f"rejected {decided.model} v{decided.version} ({decided.verdict}); production unchanged")
 
 

@@ -115,8 +115,10 @@ def run_demo(console: Console, workdir: Path | None = None) -> int:
         console.status("starting S3, two production Tritons and a gate Triton") as status,
         EmbeddedStack(replicas=2, gate=True) as stack,
     ):
-        console.print(f"embedded stack up: S3 {stack.s3.endpoint_url}, production "
-                      f"{', '.join(s.http_url for s in stack.replicas)}, gate {stack.gate.http_url}")  # fmt: skip
+        console.print(
+            f"embedded stack up: S3 {stack.s3.endpoint_url}, production "
+            f"{', '.join(s.http_url for s in stack.replicas)}, gate {stack.gate.http_url}"
+        )
         for label, source, _expected in RELEASES:
             status.update(f"releasing {label} (export, compile, publish, stage, tune, gate, promote/reject)")
             run = run_local(demo_parameters(stack, source), workdir / "pipeline-runs", env=stack.env())

@@ -86,9 +86,15 @@ def schedule(host: str, parameters: dict[str, Any], name: str, cron: str, experi
     experiment_id = client.create_experiment(experiment).experiment_id
     package = compile_pipeline(Path(_tmp()) / "release_pipeline.yaml")
     job = client.create_recurring_run(
-        experiment_id, name, cron_expression=cron, params=parameters, pipeline_package_path=str(package),
-        max_concurrency=1, no_catchup=True, service_account=service_account,
-    )  # fmt: skip
+        experiment_id,
+        name,
+        cron_expression=cron,
+        params=parameters,
+        pipeline_package_path=str(package),
+        max_concurrency=1,
+        no_catchup=True,
+        service_account=service_account,
+    )
     return job.recurring_run_id
 
 

@@ -146,12 +146,19 @@ def tune_op(
         load=gating.load,
         max_p99_ms=gating.thresholds.max_p99_ms,
         budget=budget,
-    )  # fmt: skip
+    )
     server = resolve(gate)[0]  # a k8s:// gate also gives its metrics endpoint: GPU/CPU figures per trial
     result = tune(
-        repository, model_name, int(version), server.url, settings, s3=S3Settings.from_env(s3_endpoint),
-        run_id=run_id, enabled=enabled and staged.accuracy_passed, metrics_url=server.metrics_url,
-    )  # fmt: skip
+        repository,
+        model_name,
+        int(version),
+        server.url,
+        settings,
+        s3=S3Settings.from_env(s3_endpoint),
+        run_id=run_id,
+        enabled=enabled and staged.accuracy_passed,
+        metrics_url=server.metrics_url,
+    )
     text = result.to_json()
     Path(report.path).write_text("\n".join(tuning_markdown(json.loads(text))) if result.trials else "tuning was off\n")
     return text
@@ -195,10 +202,18 @@ def gate_op(
     with tempfile.TemporaryDirectory() as tmp:
         server = resolve(gate)[0]
         result = run_gate(
-            repository, model_name, int(version), server.url, settings,
-            StageResult.from_json(stage_result), Path(tmp), s3=S3Settings.from_env(s3_endpoint), run_id=run_id,
-            tuning=TuneResult.from_json(tuning_json), metrics_url=server.metrics_url,
-        )  # fmt: skip
+            repository,
+            model_name,
+            int(version),
+            server.url,
+            settings,
+            StageResult.from_json(stage_result),
+            Path(tmp),
+            s3=S3Settings.from_env(s3_endpoint),
+            run_id=run_id,
+            tuning=TuneResult.from_json(tuning_json),
+            metrics_url=server.metrics_url,
+        )
         Path(report.path).write_text((Path(tmp) / "report.md").read_text())
         Path(report_html.path).write_text((Path(tmp) / "report.html").read_text())
     for prefix, figures in (("candidate", result.candidate.summary()), ("stable", result.stable.summary())):
@@ -213,8 +228,17 @@ def gate_op(
 
 
 @dsl.component(base_image=image("tools"))
-def promote_op(repository: str, model_name: str, version: int, replicas: str, gate: str, verdict_json: str,
-               tuning_json: str, s3_endpoint: str, run_id: str):  # fmt: skip
+def promote_op(
+    repository: str,
+    model_name: str,
+    version: int,
+    replicas: str,
+    gate: str,
+    verdict_json: str,
+    tuning_json: str,
+    s3_endpoint: str,
+    run_id: str,
+):
     """Rolling reload of every production replica with the tuned settings; reverts and fails on any error."""
     from components.promote import promote
     from components.replicas import resolve
@@ -222,9 +246,17 @@ def promote_op(repository: str, model_name: str, version: int, replicas: str, ga
     from components.s3repo import S3Settings
 
     verdict = Verdict.from_json(verdict_json).verdict
-    promote(repository, model_name, int(version), resolve(replicas), verdict, resolve(gate)[0].url,
-            settings=TuneResult.from_json(tuning_json).chosen, s3=S3Settings.from_env(s3_endpoint),
-            run_id=run_id)  # fmt: skip
+    promote(
+        repository,
+        model_name,
+        int(version),
+        resolve(replicas),
+        verdict,
+        resolve(gate)[0].url,
+        settings=TuneResult.from_json(tuning_json).chosen,
+        s3=S3Settings.from_env(s3_endpoint),
+        run_id=run_id,
+    )
 
 
 @dsl.component(base_image=image("tools"))
@@ -238,8 +270,16 @@ def reject_op(
     from components.s3repo import S3Settings
 
     decided = Verdict.from_json(verdict_json)
-    reject(repository, model_name, int(version), decided.verdict, decided.reasons, resolve(gate)[0].url,
-           s3=S3Settings.from_env(s3_endpoint), run_id=run_id)  # fmt: skip
+    reject(
+        repository,
+        model_name,
+        int(version),
+        decided.verdict,
+        decided.reasons,
+        resolve(gate)[0].url,
+        s3=S3Settings.from_env(s3_endpoint),
+        run_id=run_id,
+    )
 
 
 @dsl.component(base_image=image("tools"))
@@ -284,10 +324,12 @@ def release_steps(
 ):
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
     cleanup = _with_secrets(
-        finish_release_op(repository=repository, model_name=model_name, gate=gate, s3_endpoint=s3_endpoint,
-                          run_id=run_id),
-        aws_secret_name, admin_secret_name,
-    )  # fmt: skip
+        finish_release_op(
+            repository=repository, model_name=model_name, gate=gate, s3_endpoint=s3_endpoint, run_id=run_id
+        ),
+        aws_secret_name,
+        admin_secret_name,
+    )
     with dsl.ExitHandler(cleanup, name="always-finish-release"):
         published = _with_s3_secret(
             publish_op(compiled=compiled, repository=repository, s3_endpoint=s3_endpoint, run_id=run_id),
@@ -295,47 +337,97 @@ def release_steps(
         )
         version = published.outputs["version"]
         staged = _with_secrets(
-            stage_op(repository=repository, model_name=model_name, version=version, gate=gate, s3_endpoint=s3_endpoint,
-                     run_id=run_id),
-            aws_secret_name, admin_secret_name,
-        )  # fmt: skip
+            stage_op(
+                repository=repository,
+                model_name=model_name,
+                version=version,
+                gate=gate,
+                s3_endpoint=s3_endpoint,
+                run_id=run_id,
+            ),
+            aws_secret_name,
+            admin_secret_name,
+        )
         tuned = _with_secrets(
             tune_op(
-                repository=repository, model_name=model_name, version=version, gate=gate, stage_result=staged.output,
-                s3_endpoint=s3_endpoint, run_id=run_id, enabled=tune, budget=tune_budget, gate_settings=gate_settings,
-            ),
-            aws_secret_name, admin_secret_name,
-        )  # fmt: skip
-        gated = _with_secrets(
-            gate_op(
-                repository=repository, model_name=model_name, version=version, gate=gate, stage_result=staged.output,
-                tuning_json=tuned.outputs["Output"], s3_endpoint=s3_endpoint, run_id=run_id,
+                repository=repository,
+                model_name=model_name,
+                version=version,
+                gate=gate,
+                stage_result=staged.output,
+                s3_endpoint=s3_endpoint,
+                run_id=run_id,
+                enabled=tune,
+                budget=tune_budget,
                 gate_settings=gate_settings,
             ),
-            aws_secret_name, admin_secret_name,
-        )  # fmt: skip
+            aws_secret_name,
+            admin_secret_name,
+        )
+        gated = _with_secrets(
+            gate_op(
+                repository=repository,
+                model_name=model_name,
+                version=version,
+                gate=gate,
+                stage_result=staged.output,
+                tuning_json=tuned.outputs["Output"],
+                s3_endpoint=s3_endpoint,
+                run_id=run_id,
+                gate_settings=gate_settings,
+            ),
+            aws_secret_name,
+            admin_secret_name,
+        )
         with dsl.If(gated.outputs["verdict"] == "pass", name="verdict-pass"):
             _with_secrets(
-                promote_op(repository=repository, model_name=model_name, version=version, replicas=replicas, gate=gate,
-                           verdict_json=gated.outputs["verdict_json"], tuning_json=tuned.outputs["Output"],
-                           s3_endpoint=s3_endpoint, run_id=run_id),
-                aws_secret_name, admin_secret_name,
-            )  # fmt: skip
+                promote_op(
+                    repository=repository,
+                    model_name=model_name,
+                    version=version,
+                    replicas=replicas,
+                    gate=gate,
+                    verdict_json=gated.outputs["verdict_json"],
+                    tuning_json=tuned.outputs["Output"],
+                    s3_endpoint=s3_endpoint,
+                    run_id=run_id,
+                ),
+                aws_secret_name,
+                admin_secret_name,
+            )
         with dsl.Else(name="verdict-not-pass"):
             _with_secrets(
-                reject_op(repository=repository, model_name=model_name, version=version, gate=gate,
-                          verdict_json=gated.outputs["verdict_json"], s3_endpoint=s3_endpoint, run_id=run_id),
-                aws_secret_name, admin_secret_name,
-            )  # fmt: skip
+                reject_op(
+                    repository=repository,
+                    model_name=model_name,
+                    version=version,
+                    gate=gate,
+                    verdict_json=gated.outputs["verdict_json"],
+                    s3_endpoint=s3_endpoint,
+                    run_id=run_id,
+                ),
+                aws_secret_name,
+                admin_secret_name,
+            )
 
 
 def _compile_task(
-    exported: dsl.PipelineTask, model_name: str, target: str, precision: str, device: str,
-    gpu_count: int, gpu_node_selector: dict, gpu_tolerations: list,
-) -> dsl.PipelineTask:  # fmt: skip
+    exported: dsl.PipelineTask,
+    model_name: str,
+    target: str,
+    precision: str,
+    device: str,
+    gpu_count: int,
+    gpu_node_selector: dict,
+    gpu_tolerations: list,
+) -> dsl.PipelineTask:
     task = compile_op(
-        exported=exported.outputs["exported"], model_name=model_name, target=target, precision=precision, device=device,
-    )  # fmt: skip
+        exported=exported.outputs["exported"],
+        model_name=model_name,
+        target=target,
+        precision=precision,
+        device=device,
+    )
     task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(gpu_count)
     kubernetes.add_node_selector_json(task, gpu_node_selector)
     kubernetes.add_toleration_json(task, gpu_tolerations)
@@ -404,13 +496,22 @@ def release_pipeline(
         export_op(model_source=model_source, checkpoint=checkpoint, signature=signature, golden_samples=golden_samples),
         aws_secret_name,
     ).after(gating)
-    compiled = _compile_task(exported, model_name, compile_target, precision, compile_device, gpu_count,
-                             gpu_node_selector, gpu_tolerations)  # fmt: skip
+    compiled = _compile_task(
+        exported, model_name, compile_target, precision, compile_device, gpu_count, gpu_node_selector, gpu_tolerations
+    )
     release_steps(
-        compiled=compiled.outputs["compiled"], model_name=model_name, repository=repository, s3_endpoint=s3_endpoint,
-        aws_secret_name=aws_secret_name, admin_secret_name=admin_secret_name, replicas=replicas, gate=gate,
-        gate_settings=gating.output, tune=tune, tune_budget=tune_budget,
-    )  # fmt: skip
+        compiled=compiled.outputs["compiled"],
+        model_name=model_name,
+        repository=repository,
+        s3_endpoint=s3_endpoint,
+        aws_secret_name=aws_secret_name,
+        admin_secret_name=admin_secret_name,
+        replicas=replicas,
+        gate=gate,
+        gate_settings=gating.output,
+        tune=tune,
+        tune_budget=tune_budget,
+    )
 
 
 # The compiled pipeline carries each parameter's description (the UI shows it); the gate's come from

@@ -40,9 +40,12 @@ def policy_document(principal: str, bucket: str, prefix: str = "") -> str:
 def create(setup: S3Settings, bucket: str) -> dict[str, S3Settings]:
     """One IAM user per principal with its policy and an access key; call before `enforce`."""
     iam = boto3.client(
-        "iam", endpoint_url=setup.endpoint_url, region_name=setup.region,
-        aws_access_key_id=setup.access_key_id, aws_secret_access_key=setup.secret_access_key,
-    )  # fmt: skip
+        "iam",
+        endpoint_url=setup.endpoint_url,
+        region_name=setup.region,
+        aws_access_key_id=setup.access_key_id,
+        aws_secret_access_key=setup.secret_access_key,
+    )
     principals = {}
     for principal in PRINCIPALS:
         user = f"tritonship-{principal}"

@@ -97,8 +97,9 @@ def install_stable(stack: EmbeddedStack, folder: Path) -> int:
     published = publish(folder, repository(stack), s3=stack.s3)
     staged = stage(repository(stack), published.model, published.version, stack.gate.http_url, s3=stack.s3)
     assert staged.accuracy_passed, staged.load_error
-    promote(repository(stack), published.model, published.version, replicas(stack), "pass", stack.gate.http_url,
-            s3=stack.s3)  # fmt: skip
+    promote(
+        repository(stack), published.model, published.version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3
+    )
     return published.version
 
 

@@ -35,8 +35,12 @@ def test_without_the_key_admin_calls_are_refused_and_the_stable_model_serves_on(
     config, _ = ModelRepository(repository(stack), stack.s3).desired_config(name)
     for server, key in itertools.product((stack.replicas[0], stack.gate), ("", "not-the-key")):
         with TritonAdmin(server.http_url, key=key) as outsider:
-            for refused in (lambda: outsider.unload(name), lambda: outsider.load(name, config),
-                            outsider.repository_index, lambda: outsider.model_config(name)):  # fmt: skip
+            for refused in (
+                lambda: outsider.unload(name),
+                lambda: outsider.load(name, config),
+                outsider.repository_index,
+                lambda: outsider.model_config(name),
+            ):
                 with pytest.raises(TritonError, match="admin key"):
                     refused()
             assert outsider.is_live()  # health stays open

@@ -49,8 +49,11 @@ def test_helm_lint_passes():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("values", [(), (str(EXAMPLES / "aws-irsa.yaml"),), (str(EXAMPLES / "minio-no-gate.yaml"),)],
-                         ids=["defaults", "aws-irsa", "minio-no-gate"])  # fmt: skip
+@pytest.mark.parametrize(
+    "values",
+    [(), (str(EXAMPLES / "aws-irsa.yaml"),), (str(EXAMPLES / "minio-no-gate.yaml"),)],
+    ids=["defaults", "aws-irsa", "minio-no-gate"],
+)
 def test_every_rendered_object_validates_against_the_kubernetes_schemas(values):
     objects = render(*values)
     assert by_kind(objects, "Deployment") and by_kind(objects, "Service")
@@ -154,10 +157,16 @@ def test_rendered_triton_arguments_come_up_ready_on_the_embedded_stack(tmp_path,
     try:
         for component in ("production", "gate"):
             ports = [str(free_port()) for _ in range(3)]
-            objects = render(sets=(
-                f"repository.uri=s3://{stack.bucket}", f"repository.endpoint={stack.s3.endpoint_url}",
-                f"models={{{name}}}", f"ports.http={ports[0]}", f"ports.grpc={ports[1]}", f"ports.metrics={ports[2]}",
-            ))  # fmt: skip
+            objects = render(
+                sets=(
+                    f"repository.uri=s3://{stack.bucket}",
+                    f"repository.endpoint={stack.s3.endpoint_url}",
+                    f"models={{{name}}}",
+                    f"ports.http={ports[0]}",
+                    f"ports.grpc={ports[1]}",
+                    f"ports.metrics={ports[2]}",
+                )
+            )
             args = _container_args(objects, component, {"TRITONSHIP_ADMIN_KEY": stack.admin_key})
             server = stack.launch_triton(f"chart-{component}-{name}", args)
             started.append(server)

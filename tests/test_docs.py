@@ -10,8 +10,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_design_reference_in_the_code_names_a_section_of_docs_design_md():
     sections = set(re.findall(r"^## (\d+)\. ", (ROOT / "docs" / "design.md").read_text(), re.MULTILINE))
-    code = [p for d in ("components", "pipelines", "tests", "benchmarks", "scripts") for p in (ROOT / d).rglob("*")
-            if p.suffix in (".py", ".sh")]  # fmt: skip
+    code = [
+        p
+        for d in ("components", "pipelines", "tests", "benchmarks", "scripts")
+        for p in (ROOT / d).rglob("*")
+        if p.suffix in (".py", ".sh")
+    ]
     references = [(p.name, n) for p in code for n in re.findall(r"design\.md section (\d+)", p.read_text())]
     assert references  # the code does point there
     assert [r for r in references if r[1] not in sections] == []

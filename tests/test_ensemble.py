@@ -134,8 +134,16 @@ def test_broken_postprocessing_fails_the_accuracy_check_and_production_keeps_its
     assert not staged.accuracy_passed
     assert [r.name for r in staged.accuracy if not r.passed] == ["recommended"]  # scores are right, ids are not
     assert verdict.verdict == "fail" and "accuracy check failed for output(s) recommended" in verdict.reasons[0]
-    reject(repository(stack), NAME, version, verdict.verdict, verdict.reasons, stack.gate.http_url, s3=stack.s3,
-           run_id="ens-broken")  # fmt: skip
+    reject(
+        repository(stack),
+        NAME,
+        version,
+        verdict.verdict,
+        verdict.reasons,
+        stack.gate.http_url,
+        s3=stack.s3,
+        run_id="ens-broken",
+    )
     history, answer = _golden(bundles["v1" if stable == first_release else "v2"])
     for server in stack.replicas:
         admin = TritonAdmin(server.http_url)
@@ -175,13 +183,34 @@ def test_cli_assembles_the_same_bundle_from_its_parts(tmp_path, bundles):
     for step in ("pre", "post"):
         shutil.copytree(v1 / f"{NAME}_{step}" / "1", tmp_path / step)
     run = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "ensemble", str(v1 / f"{NAME}_model"), "--name", NAME,
-         "--signature", str(v1 / NAME / "1" / "signature.yaml"), "--model", "pipelines.samples.recsys:recommender_v1",
-         "--pre", str(tmp_path / "pre"), "--pre-signature", str(tmp_path / "pre" / "signature.yaml"),
-         "--post", str(tmp_path / "post"), "--post-signature", str(tmp_path / "post" / "signature.yaml"),
-         "--inputs", str(tmp_path / "inputs.npz"), "--out", str(tmp_path / "bundle")],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "ensemble",
+            str(v1 / f"{NAME}_model"),
+            "--name",
+            NAME,
+            "--signature",
+            str(v1 / NAME / "1" / "signature.yaml"),
+            "--model",
+            "pipelines.samples.recsys:recommender_v1",
+            "--pre",
+            str(tmp_path / "pre"),
+            "--pre-signature",
+            str(tmp_path / "pre" / "signature.yaml"),
+            "--post",
+            str(tmp_path / "post"),
+            "--post-signature",
+            str(tmp_path / "post" / "signature.yaml"),
+            "--inputs",
+            str(tmp_path / "inputs.npz"),
+            "--out",
+            str(tmp_path / "bundle"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     assert [m.config.name for m in read_bundle(tmp_path / "bundle").members] == MEMBERS
     _, outputs = load_golden(tmp_path / "bundle" / NAME / "1" / "golden.npz")
@@ -207,8 +236,15 @@ def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, tmp_path, 
     answer = TritonAdmin(stack.gate.http_url).infer(candidate_name(name), {"history": history}, ["recommended"])
     assert np.isin(answer["recommended"], bert4rec.CATALOGUE_IDS).all()  # catalogue ids, never a special token
 
-    tuning = tune(repo_uri, name, version, stack.gate.http_url, TuneSettings(budget=3, instance_counts=(1, 2)),
-                  s3=stack.s3, run_id="b4r")  # fmt: skip
+    tuning = tune(
+        repo_uri,
+        name,
+        version,
+        stack.gate.http_url,
+        TuneSettings(budget=3, instance_counts=(1, 2)),
+        s3=stack.s3,
+        run_id="b4r",
+    )
     assert tuning.enabled and len(tuning.trials) >= 3 and all(t.measured for t in tuning.trials), tuning.trials
     members = [f"{name}_pre", f"{name}_model", f"{name}_post"]
     chosen = tuning.chosen
@@ -218,12 +254,22 @@ def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, tmp_path, 
     for member in members:  # the gate serves every member with the chosen settings
         served = gate_admin.model_config(candidate_name(member))
         assert served["instance_group"][0]["count"] == instances[member]
-    verdict = gate(repo_uri, name, version, stack.gate.http_url, ABSOLUTE_GATE, staged, s3=stack.s3, run_id="b4r",
-                   tuning=tuning)  # fmt: skip
+    verdict = gate(
+        repo_uri, name, version, stack.gate.http_url, ABSOLUTE_GATE, staged, s3=stack.s3, run_id="b4r", tuning=tuning
+    )
     assert verdict.verdict == "pass", verdict.reasons
 
-    promote(repo_uri, name, version, replicas(stack)[:1], "pass", stack.gate.http_url, tuning.chosen, s3=stack.s3,
-            run_id="b4r")  # fmt: skip
+    promote(
+        repo_uri,
+        name,
+        version,
+        replicas(stack)[:1],
+        "pass",
+        stack.gate.http_url,
+        tuning.chosen,
+        s3=stack.s3,
+        run_id="b4r",
+    )
     repo = ModelRepository(repo_uri, stack.s3)
     production = TritonAdmin(stack.replicas[0].http_url)
     for member in members:
@@ -283,9 +329,13 @@ def test_a_step_serves_a_batch_of_requests_in_one_call_and_fails_only_the_bad_re
     (tmp_path / "step" / "step.py").write_text(JOINED_STEP)
     tensor = {"dtype": "int64", "shape": [-1, 1]}
     signature = Signature.from_dict(
-        {"batch": True, "max_batch_size": 8, "inputs": [{"name": "x", **tensor}],
-         "outputs": [{"name": "y", **tensor}, {"name": "rows", **tensor}]}
-    )  # fmt: skip
+        {
+            "batch": True,
+            "max_batch_size": 8,
+            "inputs": [{"name": "x", **tensor}],
+            "outputs": [{"name": "y", **tensor}, {"name": "rows", **tensor}],
+        }
+    )
     name = unique("joined_step")
     folder = write_step(Step(name, tmp_path / "step", signature), tmp_path / name)
     config = model_config.with_settings(

@@ -79,8 +79,13 @@ def _assert_triton_answers(stack, s3, folder: model_folder.ModelFolder, tol: Tol
     for check, (answer, reference) in answers.items():
         for spec in folder.signature.outputs:
             if spec.dtype == "fp32":
-                np.testing.assert_allclose(answer[spec.name], reference[spec.name], rtol=tol.rtol, atol=tol.atol,
-                                           err_msg=f"{check}: {spec.name}")  # fmt: skip
+                np.testing.assert_allclose(
+                    answer[spec.name],
+                    reference[spec.name],
+                    rtol=tol.rtol,
+                    atol=tol.atol,
+                    err_msg=f"{check}: {spec.name}",
+                )
             else:
                 assert answer[spec.name].shape == reference[spec.name].shape, check
                 assert np.mean(answer[spec.name] != reference[spec.name]) <= tol.int_mismatch, check
@@ -201,17 +206,25 @@ class NotAStateDict:
         (lambda p: torch.save(NotAStateDict(), p), r"holds Python objects beside tensors \(.*print\)"),
         (lambda p: torch.save([torch.zeros(1)], p), "is not a state_dict"),
         (lambda p: torch.save({"net.0.weight": torch.zeros(1)}, p), "does not fit the model"),
-        (lambda p: torch.save({f"encoder.{i}.weight": torch.zeros(1) for i in range(9)}, p),
-         r"a state_dict with none of the model's \d+ keys \(it has 9, e.g. 'encoder.0.weight', .*, …\)"),
-        (lambda p: torch.save({"net.0.weight": torch.zeros(32, 16), "extra": torch.zeros(1)}, p),
-         r"\d+ of the model's \d+ keys are missing \(e.g. .*\) and 1 keys are not the model's \(e.g. 'extra'\)"),
-        (lambda p: p.write_bytes(os.urandom(4096).replace(b"PK", b"pk").lstrip(b"\x80") or b"x"),
-         "is not a torch.save file"),
-        (lambda p: (torch.save({"a": torch.zeros(64)}, p), p.write_bytes(p.read_bytes()[:300])),
-         "is a damaged torch.save file"),
+        (
+            lambda p: torch.save({f"encoder.{i}.weight": torch.zeros(1) for i in range(9)}, p),
+            r"a state_dict with none of the model's \d+ keys \(it has 9, e.g. 'encoder.0.weight', .*, …\)",
+        ),
+        (
+            lambda p: torch.save({"net.0.weight": torch.zeros(32, 16), "extra": torch.zeros(1)}, p),
+            r"\d+ of the model's \d+ keys are missing \(e.g. .*\) and 1 keys are not the model's \(e.g. 'extra'\)",
+        ),
+        (
+            lambda p: p.write_bytes(os.urandom(4096).replace(b"PK", b"pk").lstrip(b"\x80") or b"x"),
+            "is not a torch.save file",
+        ),
+        (
+            lambda p: (torch.save({"a": torch.zeros(64)}, p), p.write_bytes(p.read_bytes()[:300])),
+            "is a damaged torch.save file",
+        ),
     ],
     ids=["untrusted-pickle", "list", "wrong-shape", "another-model", "partly-wrong-keys", "random-bytes", "truncated"],
-)  # fmt: skip
+)
 def test_bad_checkpoint_is_refused_clearly(writer, expected, tmp_path):
     writer(tmp_path / "ckpt.pt")
     signature = write_signature(tmp_path / "s.yaml", MLP_SIGNATURE)
@@ -395,8 +408,15 @@ def test_cli_export_compile_and_bad_input_exit_codes(tmp_path):
 
     bad = json.loads(json.dumps(MLP_SIGNATURE))
     bad["inputs"][0]["dtype"] = "int64"
-    failed = run("export", "--model", "tests.models:make_mlp", "--signature", str(write_signature(tmp_path / "b.yaml", bad)),
-                 "--out", str(tmp_path / "g"))  # fmt: skip
+    failed = run(
+        "export",
+        "--model",
+        "tests.models:make_mlp",
+        "--signature",
+        str(write_signature(tmp_path / "b.yaml", bad)),
+        "--out",
+        str(tmp_path / "g"),
+    )
     assert failed.returncode == 2
     assert failed.stderr.startswith("error:") and "Traceback" not in failed.stderr
     assert not (tmp_path / "g").exists()
@@ -411,8 +431,12 @@ def test_a_trace_made_on_the_cpu_in_fp32_is_pointed_at_the_compile_device_and_pr
     module = torch.jit.load(str(trace)).eval()
 
     def devices() -> list[str]:
-        return [node.s("value") for graph in trace_retarget._graphs(module)
-                for node in graph.findAllNodes("prim::Constant") if node.output().type().kind() == "DeviceObjType"]  # fmt: skip
+        return [
+            node.s("value")
+            for graph in trace_retarget._graphs(module)
+            for node in graph.findAllNodes("prim::Constant")
+            if node.output().type().kind() == "DeviceObjType"
+        ]
 
     assert set(devices()) == {"cpu"}
     assert trace_retarget.point_at_device(module, "cuda:0") == len(devices()) > 0
@@ -421,8 +445,12 @@ def test_a_trace_made_on_the_cpu_in_fp32_is_pointed_at_the_compile_device_and_pr
     torch.manual_seed(0)
     half = torch.jit.load(str(trace)).eval()
     assert trace_retarget.point_at_dtype(half, torch.float32, torch.float16) > 0
-    floats = {node.f("value") for graph in trace_retarget._graphs(half) for node in graph.findAllNodes("prim::Constant")
-              if node.output().type().kind() == "FloatType"}  # fmt: skip
+    floats = {
+        node.f("value")
+        for graph in trace_retarget._graphs(half)
+        for node in graph.findAllNodes("prim::Constant")
+        if node.output().type().kind() == "FloatType"
+    }
     # the attention mask's fill, fp32's lowest value, would overflow fp16
     assert torch.finfo(torch.float16).min in floats and torch.finfo(torch.float32).min not in floats
     items = torch.randint(1, 500, (4, 40))

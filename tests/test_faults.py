@@ -156,8 +156,16 @@ def test_s3_lost_half_way_through_a_promotion_fails_no_request_and_reconcile_con
     with SteadyClient([s.http_url for s in stack.replicas], name, X, ["y"]) as client:
         try:
             with pytest.raises(PartialRevert, match="failed and could not be reverted to v1") as info:
-                promote(f"s3://{stack.bucket}", name, version, replicas(stack), "pass", s3=impatient_s3,
-                        run_id="run-s3-promote", progress=s3_goes_away)  # fmt: skip
+                promote(
+                    f"s3://{stack.bucket}",
+                    name,
+                    version,
+                    replicas(stack),
+                    "pass",
+                    s3=impatient_s3,
+                    run_id="run-s3-promote",
+                    progress=s3_goes_away,
+                )
             assert _served(stack, name) == [2, 1]  # no Triton load was tried without S3
         finally:
             stack.s3_switch.restore()
@@ -182,15 +190,24 @@ def test_s3_lost_at_the_promotion_history_write_is_recorded_by_the_rerun(tmp_pat
     version = _published_and_gated(stack, _mlp(tmp_path, name, "v2", seed=4), "run-s3-history")
     cut_s3_before_put(monkeypatch, stack, lambda key: key.endswith("-promoted.json"))
     with pytest.raises(PromotionError, match="is promoted .* re-run this promote step"):
-        promote(f"s3://{stack.bucket}", name, version, replicas(stack), "pass", s3=impatient_s3,
-                run_id="run-s3-history")  # fmt: skip
+        promote(
+            f"s3://{stack.bucket}", name, version, replicas(stack), "pass", s3=impatient_s3, run_id="run-s3-history"
+        )
     stack.s3_switch.restore()
     monkeypatch.undo()
     assert _served(stack, name) == [2, 2] and _desired(stack, name) == 2  # consistent, history short of one event
     assert _events(stack, name)[-1] == ("gate", 2)
 
-    again = promote(f"s3://{stack.bucket}", name, version, replicas(stack), "pass", stack.gate.http_url,
-                    s3=stack.s3, run_id="run-s3-history")  # fmt: skip
+    again = promote(
+        f"s3://{stack.bucket}",
+        name,
+        version,
+        replicas(stack),
+        "pass",
+        stack.gate.http_url,
+        s3=stack.s3,
+        run_id="run-s3-history",
+    )
     assert again.promoted and again.previous_version == 2  # the desired state already named it
     assert _events(stack, name)[-1] == ("promoted", 2)
     assert [e for e in _events(stack, name) if e[0] == "promoted"] == [("promoted", 1), ("promoted", 2)]
@@ -208,8 +225,17 @@ def test_production_triton_killed_and_restarted_during_promotion(tmp_path, stack
             stack.restart_triton("prod-1", load_models=[name])  # a new pod: loads the desired state from S3
 
     with SteadyClient([stack.replicas[0].http_url], name, X, ["y"]) as client:
-        result = promote(f"s3://{stack.bucket}", name, version, replicas(stack), "pass", stack.gate.http_url,
-                         s3=stack.s3, run_id="run-restart", progress=restart_second_replica)  # fmt: skip
+        result = promote(
+            f"s3://{stack.bucket}",
+            name,
+            version,
+            replicas(stack),
+            "pass",
+            stack.gate.http_url,
+            s3=stack.s3,
+            run_id="run-restart",
+            progress=restart_second_replica,
+        )
     assert result.promoted and client.failures == []
     assert _served(stack, name) == [2, 2] and _desired(stack, name) == 2
     assert TritonAdmin(stack.replicas[1].http_url).ready_versions(name) == [2]
@@ -254,8 +280,16 @@ def test_gate_server_killed_during_the_gate_fails_closed_and_the_rerun_completes
     verdict = _gate_again(stack, name, version, "run-gate-kill")
     watcher.join(timeout=5)
     assert verdict.verdict == "fail" and verdict.reasons, verdict.reasons
-    reject(repository, name, version, verdict.verdict, verdict.reasons, stack.gate.http_url, s3=stack.s3,
-           run_id="run-gate-kill")  # fmt: skip
+    reject(
+        repository,
+        name,
+        version,
+        verdict.verdict,
+        verdict.reasons,
+        stack.gate.http_url,
+        s3=stack.s3,
+        run_id="run-gate-kill",
+    )
     assert _served(stack, name) == [1, 1] and _desired(stack, name) == 1
 
     stack.restart_triton("gate")  # the gate pod comes back empty (it never loads models at start)
@@ -267,8 +301,14 @@ def test_gate_server_killed_during_the_gate_fails_closed_and_the_rerun_completes
     )
     assert _served(stack, name) == [2, 2]
     assert [e[0] for e in _events(stack, name)][-7:] == [
-        "published", "staged", "gate", "rejected", "staged", "gate", "promoted"
-    ]  # fmt: skip
+        "published",
+        "staged",
+        "gate",
+        "rejected",
+        "staged",
+        "gate",
+        "promoted",
+    ]
 
 
 def test_perf_analyzer_killed_mid_run_fails_closed_and_the_rerun_completes(tmp_path, stack):

@@ -83,8 +83,12 @@ def test_model_names_are_safe_triton_names_and_s3_key_segments(name):
 
 
 def test_json_and_yaml_signature_files_are_equivalent(tmp_path):
-    data = {"batch": True, "max_batch_size": 4, "inputs": [{"name": "x", "dtype": "fp32", "shape": [-1, 3]}],
-            "outputs": [{"name": "y", "dtype": "int64", "shape": [-1, 1]}]}  # fmt: skip
+    data = {
+        "batch": True,
+        "max_batch_size": 4,
+        "inputs": [{"name": "x", "dtype": "fp32", "shape": [-1, 3]}],
+        "outputs": [{"name": "y", "dtype": "int64", "shape": [-1, 1]}],
+    }
     (tmp_path / "s.json").write_text(json.dumps(data))
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
     assert Signature.load(tmp_path / "s.json") == Signature.load(tmp_path / "s.yaml")

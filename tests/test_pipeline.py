@@ -112,9 +112,17 @@ def test_pipeline_runs_locally_for_a_passing_and_a_failing_candidate(tmp_path, s
 
     history = ModelRepository(f"s3://{stack.bucket}", stack.s3).history(name)
     assert [(e["event"], e["version"]) for e in history] == [
-        ("published", 1), ("staged", 1), ("tuned", 1), ("gate", 1), ("promoted", 1),
-        ("published", 2), ("staged", 2), ("tuned", 2), ("gate", 2), ("rejected", 2),
-    ]  # fmt: skip
+        ("published", 1),
+        ("staged", 1),
+        ("tuned", 1),
+        ("gate", 1),
+        ("promoted", 1),
+        ("published", 2),
+        ("staged", 2),
+        ("tuned", 2),
+        ("gate", 2),
+        ("rejected", 2),
+    ]
     tuned = next(e for e in history if e["event"] == "tuned")
     # the budget (the default twice for the p99 limit, one other setting), and if that one won, it and the
     # default once more to confirm it
@@ -140,9 +148,12 @@ def test_example_training_pipeline_releases_what_it_trained(tmp_path, stack, mon
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path))
     name = unique("trained")
     train_and_release(
-        repository=f"s3://{stack.bucket}", s3_endpoint=stack.s3.endpoint_url,
-        replicas=",".join(s.http_url for s in stack.replicas), gate=stack.gate.http_url, model_name=name,
-    )  # fmt: skip
+        repository=f"s3://{stack.bucket}",
+        s3_endpoint=stack.s3.endpoint_url,
+        replicas=",".join(s.http_url for s in stack.replicas),
+        gate=stack.gate.http_url,
+        model_name=name,
+    )
     run_dir = next(tmp_path.iterdir())
     trained = json.loads((run_dir / "train-op" / "executor_output.json").read_text())
     assert trained["artifacts"]["trained"]["artifacts"][0]["metadata"]["final_loss"] >= 0
@@ -210,7 +221,11 @@ def test_only_the_local_runners_expected_image_warning_is_silenced():
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         with expected_warnings_silenced():
-            for message, category in ((expected, RuntimeWarning), (accelerator, UserWarning),
-                                      ("a task failed to report its metrics", RuntimeWarning), (other, UserWarning)):  # fmt: skip
+            for message, category in (
+                (expected, RuntimeWarning),
+                (accelerator, UserWarning),
+                ("a task failed to report its metrics", RuntimeWarning),
+                (other, UserWarning),
+            ):
                 warnings.warn(message, category, stacklevel=1)
     assert [str(w.message) for w in seen] == ["a task failed to report its metrics", other]

@@ -158,8 +158,16 @@ def test_replica_killed_during_promotion_is_reported_as_not_reverted_and_reconci
     dead = stack.replicas[1].http_url
     try:
         with pytest.raises(PartialRevert, match=f"could not be reverted to v1 .*{dead} did not answer") as info:
-            promote(repository(stack), name, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3,
-                    progress=kill_second_replica)  # fmt: skip
+            promote(
+                repository(stack),
+                name,
+                version,
+                replicas(stack),
+                "pass",
+                stack.gate.http_url,
+                s3=stack.s3,
+                progress=kill_second_replica,
+            )
         assert info.value.exit_code == 4 and "did not answer" in str(info.value)
         assert f"tritonship reconcile -r {repository(stack)} -m {name}" in str(info.value)
         # The result says what each replica serves, as each answered: prod-0 back on v1, prod-1 silent.
@@ -207,16 +215,42 @@ def test_cli_gate_exit_code_and_promote_refuses_a_failed_verdict(tmp_path, stack
     (tmp_path / "verdict.json").write_text(json.dumps(verdict))
     cli = [sys.executable, "-m", "pipelines.cli"]
     promote_run = subprocess.run(
-        [*cli, "promote", "-r", repository(stack), "--verdict", str(tmp_path / "verdict.json"),
-         "--replicas", stack.replicas[0].http_url],
-        env=env, cwd=REPO, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            *cli,
+            "promote",
+            "-r",
+            repository(stack),
+            "--verdict",
+            str(tmp_path / "verdict.json"),
+            "--replicas",
+            stack.replicas[0].http_url,
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert promote_run.returncode == 1 and "verdict is 'inconclusive', not 'pass'" in promote_run.stderr
     gate_run = subprocess.run(
-        [*cli, "gate", "-r", repository(stack), "-m", "never_published", "--version", "1",
-         "--gate", stack.gate.http_url, "--out", str(tmp_path / "g")],
-        env=env, cwd=REPO, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            *cli,
+            "gate",
+            "-r",
+            repository(stack),
+            "-m",
+            "never_published",
+            "--version",
+            "1",
+            "--gate",
+            stack.gate.http_url,
+            "--out",
+            str(tmp_path / "g"),
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert gate_run.returncode == 1 and "verdict: fail" in gate_run.stdout
     assert json.loads((tmp_path / "g" / "verdict.json").read_text())["verdict"] == "fail"
 

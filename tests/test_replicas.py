@@ -37,9 +37,10 @@ class StandInApi(BaseHTTPRequestHandler):
             term.split("=", 1) for term in parse_qs(url.query).get("labelSelector", [""])[0].split(",") if term
         )
         items = [
-            p for p in PODS["items"]
+            p
+            for p in PODS["items"]
             if p["metadata"]["namespace"] == parts[3] and wanted.items() <= p["metadata"]["labels"].items()
-        ]  # fmt: skip
+        ]
         self._send(200, {"apiVersion": "v1", "kind": "PodList", "metadata": PODS["metadata"], "items": items})
 
     def _send(self, status: int, body: dict) -> None:

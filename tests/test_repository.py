@@ -172,8 +172,11 @@ def test_verify_catches_a_tampered_file(tmp_path, stack, repo, s3):
     assert problems == [f"{name} v1: model.pt does not match its manifest (sha256 or size differ)"]
     cli = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "repo", "verify", name, "-r", repo.uri],
-        env={**os.environ, **stack.s3.env()}, cwd=REPO, capture_output=True, text=True,
-    )  # fmt: skip
+        env={**os.environ, **stack.s3.env()},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert cli.returncode == 1 and "MISMATCH" in cli.stdout
     with pytest.raises(RepositoryError, match="fails verification"):
         repo.copy_to_production(name, 1)
@@ -279,13 +282,23 @@ def test_repo_cli_lists_and_shows_history(tmp_path, stack, repo):
     publish(mlp_folder(tmp_path, name), repo.uri, s3=stack.s3)
     repo.record(name, "gate", 1, "run-x", verdict="fail")
     env = {**os.environ, **stack.s3.env(), "COLUMNS": "200"}
-    ls = subprocess.run([sys.executable, "-m", "pipelines.cli", "repo", "ls", "-r", repo.uri], env=env, cwd=REPO,
-                        capture_output=True, text=True)  # fmt: skip
+    ls = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "repo", "ls", "-r", repo.uri],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert ls.returncode == 0, ls.stderr
     row = next(line for line in ls.stdout.splitlines() if name in line)
     assert "│ -" in row and "│ 1 " in row
-    history = subprocess.run([sys.executable, "-m", "pipelines.cli", "repo", "history", name, "-r", repo.uri],
-                             env=env, cwd=REPO, capture_output=True, text=True)  # fmt: skip
+    history = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "repo", "history", name, "-r", repo.uri],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert history.returncode == 0, history.stderr
     lines = history.stdout.splitlines()
     published = next(i for i, line in enumerate(lines) if "published" in line)

@@ -17,8 +17,15 @@ def test_every_result_reads_back_equal_to_what_was_written():
         "m", 3, default, tuned, 4.0, 8, [Trial(default, 100.0, 2.0), Trial(tuned, 150.0, 2.5, server={"samples": 3})]
     )
     verdict = Verdict("m", 3, "fail", ["p99 +31% [+20, +42] (limit +10%): beyond"], stable_version=2, rounds=5)
-    promotion = PromoteResult("m", 3, 2, ["a:8000", "b:8000"], False, problems=["b did not answer"],
-                              after_revert=[ReplicaOutcome("a:8000", [2], True), ReplicaOutcome("b:8000", None, False)])  # fmt: skip
+    promotion = PromoteResult(
+        "m",
+        3,
+        2,
+        ["a:8000", "b:8000"],
+        False,
+        problems=["b did not answer"],
+        after_revert=[ReplicaOutcome("a:8000", [2], True), ReplicaOutcome("b:8000", None, False)],
+    )
     for result in (stage, tune, verdict, promotion):
         assert type(result).from_json(result.to_json()) == result
     assert '"gain_pct": 50.0' in tune.to_json()  # derived figures are written for readers, ignored when read

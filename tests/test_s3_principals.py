@@ -37,8 +37,11 @@ def test_readers_cannot_write_or_delete_anywhere(stack, objects, principal):
     for key in objects.values():
         assert _denied(lambda key=key: client.put_object(Bucket=stack.bucket, Key=key, Body=b"tampered"))
         assert _denied(lambda key=key: client.delete_object(Bucket=stack.bucket, Key=key))
-        assert _denied(lambda key=key: client.copy_object(Bucket=stack.bucket, Key=key + ".copy",
-                                                          CopySource={"Bucket": stack.bucket, "Key": key}))  # fmt: skip
+        assert _denied(
+            lambda key=key: client.copy_object(
+                Bucket=stack.bucket, Key=key + ".copy", CopySource={"Bucket": stack.bucket, "Key": key}
+            )
+        )
     assert _denied(lambda: client.put_object(Bucket=stack.bucket, Key="leases/principals-test.json", Body=b"{}"))
     pipeline = stack.principals["pipeline"].client()
     assert [pipeline.get_object(Bucket=stack.bucket, Key=k)["Body"].read() for k in objects.values()] == [

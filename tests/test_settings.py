@@ -43,8 +43,9 @@ def test_pipeline_parameters_have_the_settings_names_defaults_and_descriptions()
 def test_design_is_a_choice_typer_checks_and_lists():
     runner = CliRunner()
     assert "<duet|alternating>" in runner.invoke(app, ["gate", "--help"], env={"COLUMNS": "200"}).output
-    refused = runner.invoke(app, ["gate", "-r", "s3://b", "-m", "m", "--version", "1", "--gate", "h:1", "--out", "o",
-                                  "--design", "both"])  # fmt: skip
+    refused = runner.invoke(
+        app, ["gate", "-r", "s3://b", "-m", "m", "--version", "1", "--gate", "h:1", "--out", "o", "--design", "both"]
+    )
     assert refused.exit_code == 2 and "alternating" in refused.output
 
 

@@ -80,12 +80,19 @@ def test_nine_releases_with_clients_running(tmp_path, stack):
         verdict = gate(repository, name, version, stack.gate.http_url, SOAK_GATE, staged, s3=stack.s3, run_id=run_id)
         assert (verdict.verdict == "pass") == (outcome == "promoted"), (i, verdict.reasons)
         if verdict.verdict == "pass":
-            promote(repository, name, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3,
-                    run_id=run_id)  # fmt: skip
+            promote(repository, name, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id=run_id)
             last_promoted = version
         else:
-            reject(repository, name, version, verdict.verdict, verdict.reasons, stack.gate.http_url,
-                   s3=stack.s3, run_id=run_id)  # fmt: skip
+            reject(
+                repository,
+                name,
+                version,
+                verdict.verdict,
+                verdict.reasons,
+                stack.gate.http_url,
+                s3=stack.s3,
+                run_id=run_id,
+            )
         expected_history.extend([("published", version), ("staged", version), ("gate", version), (outcome, version)])
 
     release(0)  # the stable version the client starts on
@@ -110,8 +117,11 @@ def test_nine_releases_with_clients_running(tmp_path, stack):
     # Nothing left loaded or running: the gate's candidates and the stable it measured were unloaded, each
     # replica serves the one promoted version, no perf_analyzer is left.
     for server in stack.servers.values():
-        ready = [(m["name"], m["version"]) for m in TritonAdmin(server.http_url).repository_index()
-                 if m.get("state") == "READY" and m["name"].startswith(name)]  # fmt: skip
+        ready = [
+            (m["name"], m["version"])
+            for m in TritonAdmin(server.http_url).repository_index()
+            if m.get("state") == "READY" and m["name"].startswith(name)
+        ]
         assert ready == ([] if server.name == "gate" else [(name, str(last_promoted))]), (server.name, ready)
     assert not [p for p in _processes_under(os.getpid()) if p[1] == "perf_analyzer"]
 

@@ -136,8 +136,11 @@ def test_stack_up_prints_endpoints_and_stack_down_stops_everything(tmp_path):
     state = tmp_path / "state"
     up = subprocess.run(
         [*cli, "stack", "up", "--replicas", "1", "--no-gate", "--state-dir", str(state)],
-        capture_output=True, text=True, cwd=REPO, timeout=180,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=180,
+    )
     assert up.returncode == 0, up.stderr
     assert "S3 endpoint   http://127.0.0.1:" in up.stdout and "bucket tritonship" in up.stdout
     assert "triton prod-0" in up.stdout

@@ -256,8 +256,11 @@ def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stac
     folder = mlp_folder(tmp_path / "v1", name)
     settings = TuneSettings(
         load=perf.LoadSettings(concurrency=4, window_ms=500, stability_pct=RELAXED_STABILITY_PCT),
-        instance_counts=(1, 2), queue_delays_us=(0, 2000), budget=6, min_gain_pct=0,
-    )  # fmt: skip
+        instance_counts=(1, 2),
+        queue_delays_us=(0, 2000),
+        budget=6,
+        min_gain_pct=0,
+    )
     version = publish(folder, repository(stack), s3=stack.s3).version
     stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
     repo = ModelRepository(repository(stack), stack.s3)
@@ -294,8 +297,9 @@ def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stac
         intra_op_threads=2,
         optimized_execution=False,
     )
-    promote(repository(stack), name, version, replicas(stack), "pass", stack.gate.http_url,
-            settings=chosen, s3=stack.s3)  # fmt: skip
+    promote(
+        repository(stack), name, version, replicas(stack), "pass", stack.gate.http_url, settings=chosen, s3=stack.s3
+    )
     desired = repo.desired_config(name)[0]
     assert desired.dynamic_batching.max_queue_delay_microseconds == 1234 and desired.instance_group[0].count == 2
     assert desired.parameters["INTRA_OP_THREAD_COUNT"].string_value == "2"
@@ -314,12 +318,17 @@ def test_the_gate_report_and_history_carry_the_tuning_table(tmp_path, stack):
     (tmp_path / "v1").mkdir()
     version = publish(mlp_folder(tmp_path / "v1", name), repository(stack), s3=stack.s3).version
     staged = stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
-    small = TuneSettings(load=perf.LoadSettings(concurrency=2, window_ms=500, stability_pct=RELAXED_STABILITY_PCT),
-                         instance_counts=(1,), queue_delays_us=(0, 1000), budget=3)  # fmt: skip
+    small = TuneSettings(
+        load=perf.LoadSettings(concurrency=2, window_ms=500, stability_pct=RELAXED_STABILITY_PCT),
+        instance_counts=(1,),
+        queue_delays_us=(0, 1000),
+        budget=3,
+    )
     tuned = tune(repository(stack), name, version, stack.gate.http_url, small, s3=stack.s3)
     first = dataclasses.replace(TEST_GATE, thresholds=dataclasses.replace(TEST_GATE.thresholds, max_p99_ms=1000))
-    gate(repository(stack), name, version, stack.gate.http_url, first, staged, tmp_path / "g", s3=stack.s3,
-                  tuning=tuned)  # fmt: skip
+    gate(
+        repository(stack), name, version, stack.gate.http_url, first, staged, tmp_path / "g", s3=stack.s3, tuning=tuned
+    )
     report = (tmp_path / "g" / "report.md").read_text()
     assert f"{tuned.settings_measured} of {tuned.grid_size} measured" in report
     assert report.count("| 1 | ") >= len(tuned.trials) and "chosen" in report

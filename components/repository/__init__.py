@@ -20,7 +20,7 @@ from components.repository.history import History
 from components.repository.leases import DEFAULT_LEASE_SECONDS, LeaseHeld, Leases, lease_owner
 from components.repository.maintenance import Maintenance
 from components.repository.manifests import Manifest, Manifests, content_digest
-from components.repository.store import (  # fmt: skip
+from components.repository.store import (
     TRANSFER,
     RepositoryError,
     VersionConflict,
@@ -37,7 +37,23 @@ class ModelRepository(Maintenance, Manifests, Versions, DesiredState, Leases, Hi
 
 
 __all__ = [
-    "DEFAULT_LEASE_SECONDS", "TRANSFER", "DesiredState", "History", "LeaseHeld", "Leases", "Maintenance", "Manifest",
-    "Manifests", "ModelRepository", "RepositoryError", "VersionConflict", "Versions", "candidate_name",
-    "content_digest", "lease_owner", "parse_utc", "sha256_file", "utc_now",
-]  # fmt: skip
+    "DEFAULT_LEASE_SECONDS",
+    "TRANSFER",
+    "DesiredState",
+    "History",
+    "LeaseHeld",
+    "Leases",
+    "Maintenance",
+    "Manifest",
+    "Manifests",
+    "ModelRepository",
+    "RepositoryError",
+    "VersionConflict",
+    "Versions",
+    "candidate_name",
+    "content_digest",
+    "lease_owner",
+    "parse_utc",
+    "sha256_file",
+    "utc_now",
+]

@@ -22,7 +22,7 @@ from components.repository.store import (
     VersionConflict,
     candidate_name,
     sha256_file,
-)  # fmt: skip
+)
 from components.s3repo import S3_EXCEPTIONS, explain
 
 

@@ -37,8 +37,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=2, gate=True) as stack:
         repository = f"s3://{stack.bucket}"
         replicas = [Replica(s.name, s.http_url) for s in stack.replicas]
-        releases = [("v1", "recommender_v1", False, FIRST), ("v2", "recommender_v2", False, NEXT),
-                    ("v3 (wrong id map)", "recommender_v2", True, NEXT)]  # fmt: skip
+        releases = [
+            ("v1", "recommender_v1", False, FIRST),
+            ("v2", "recommender_v2", False, NEXT),
+            ("v3 (wrong id map)", "recommender_v2", True, NEXT),
+        ]
         rows = []
         for label, factory, broken, settings in releases:
             with console.status(f"{label}: export, compile, assemble the ensemble"):
@@ -55,18 +58,29 @@ def main() -> None:
                     repository, "recsys", version, verdict.verdict, verdict.reasons, stack.gate.http_url, s3=stack.s3
                 )
             summary = verdict.candidate.summary()
-            rows.append([label, str(version), verdict.verdict, f"{summary['p99_ms']:.2f}" if summary["p99_ms"] else "-",
-                         "; ".join(verdict.reasons)[:80]])  # fmt: skip
+            rows.append(
+                [
+                    label,
+                    str(version),
+                    verdict.verdict,
+                    f"{summary['p99_ms']:.2f}" if summary["p99_ms"] else "-",
+                    "; ".join(verdict.reasons)[:80],
+                ]
+            )
         history = recsys.histories(1, seed=3)
-        served = Counter(TritonAdmin(s.http_url).served_version("recsys", {"history": history}, ["recommended"])
-                         for s in stack.replicas)  # fmt: skip
+        served = Counter(
+            TritonAdmin(s.http_url).served_version("recsys", {"history": history}, ["recommended"])
+            for s in stack.replicas
+        )
         repo = ModelRepository(repository, stack.s3)
         table = Table("release", "version", "verdict", "p99 ms", "reasons", title="recsys ensemble releases")
         for row in rows:
             table.add_row(*row)
         console.print(table)
-        console.print(f"production replicas serve recsys v{', v'.join(map(str, served))}; members of the last "
-                      f"promotion: {[e for e in repo.history('recsys') if e['event'] == 'promoted'][-1]['members']}")  # fmt: skip
+        console.print(
+            f"production replicas serve recsys v{', v'.join(map(str, served))}; members of the last "
+            f"promotion: {[e for e in repo.history('recsys') if e['event'] == 'promoted'][-1]['members']}"
+        )
 
 
 if __name__ == "__main__":

@@ -47,19 +47,32 @@ def train_and_release(
 ):
     trained = train_op(steps=steps, seed=seed)
     exported = export_trained_op(
-        trained=trained.outputs["trained"], model_factory="pipelines.sample_models:sample_v1",
-        signature=SAMPLE_SIGNATURE, golden_samples=16,
-    )  # fmt: skip
+        trained=trained.outputs["trained"],
+        model_factory="pipelines.sample_models:sample_v1",
+        signature=SAMPLE_SIGNATURE,
+        golden_samples=16,
+    )
     compiled = compile_op(
-        exported=exported.outputs["exported"], model_name=model_name, target="torchscript", precision="fp32",
+        exported=exported.outputs["exported"],
+        model_name=model_name,
+        target="torchscript",
+        precision="fp32",
         device="cpu",
-    )  # fmt: skip
+    )
     gating = gate_settings_op(flat={"max_p99_ms": max_p99_ms})  # the gate's defaults otherwise
     release_steps(
-        compiled=compiled.outputs["compiled"], model_name=model_name, repository=repository, s3_endpoint=s3_endpoint,
-        aws_secret_name=aws_secret_name, admin_secret_name=admin_secret_name, replicas=replicas, gate=gate,
-        gate_settings=gating.output, tune=False, tune_budget=0,
-    )  # fmt: skip
+        compiled=compiled.outputs["compiled"],
+        model_name=model_name,
+        repository=repository,
+        s3_endpoint=s3_endpoint,
+        aws_secret_name=aws_secret_name,
+        admin_secret_name=admin_secret_name,
+        replicas=replicas,
+        gate=gate,
+        gate_settings=gating.output,
+        tune=False,
+        tune_budget=0,
+    )
 
 
 if __name__ == "__main__":
@@ -76,6 +89,8 @@ if __name__ == "__main__":
         os.environ.update(stack.env())
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(Path(tempfile.mkdtemp())))
         train_and_release(
-            repository=f"s3://{stack.bucket}", s3_endpoint=stack.s3.endpoint_url,
-            replicas=",".join(s.http_url for s in stack.replicas), gate=stack.gate.http_url,
-        )  # fmt: skip
+            repository=f"s3://{stack.bucket}",
+            s3_endpoint=stack.s3.endpoint_url,
+            replicas=",".join(s.http_url for s in stack.replicas),
+            gate=stack.gate.http_url,
+        )

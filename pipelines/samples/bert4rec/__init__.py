@@ -92,10 +92,15 @@ class BERT4Rec(nn.Module):
         torch.manual_seed(seed)
         self.size = size
         config = BertConfig(
-            vocab_size=size.items + 2, hidden_size=size.hidden, num_hidden_layers=size.layers,
-            num_attention_heads=size.heads, intermediate_size=size.hidden * 4,
-            max_position_embeddings=size.length + 8, pad_token_id=PAD, attn_implementation="eager",
-        )  # fmt: skip
+            vocab_size=size.items + 2,
+            hidden_size=size.hidden,
+            num_hidden_layers=size.layers,
+            num_attention_heads=size.heads,
+            intermediate_size=size.hidden * 4,
+            max_position_embeddings=size.length + 8,
+            pad_token_id=PAD,
+            attn_implementation="eager",
+        )
         self.bert = BertForMaskedLM(config).eval()
 
     def forward(self, item_ids: torch.Tensor, mask_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,14 +171,27 @@ def build_bundle(
         work = Path(tmp)
         (work / "signature.json").write_text(json.dumps(signatures["model"]))
         export(f"pipelines.samples.bert4rec:{factory}", work / "signature.json", work / "export")
-        compile_model(work / "export", work / f"{name}_model", f"{name}_model", precision=precision, device=device,
-                      tolerance=tolerance)  # fmt: skip
+        compile_model(
+            work / "export",
+            work / f"{name}_model",
+            f"{name}_model",
+            precision=precision,
+            device=device,
+            tolerance=tolerance,
+        )
         steps = []
         for role in ("pre", "post"):
             directory = work / f"{name}_{role}"
             shutil.copytree(HERE / role, directory, ignore=shutil.ignore_patterns("__pycache__"))
             (directory / "item_index.json").write_text(json.dumps({"item_ids": size.catalogue_ids()}))
             steps.append(Step(f"{name}_{role}", directory, Signature.from_dict(signatures[role])))
-        assemble(out, name, Signature.from_dict(signatures["ensemble"]), work / f"{name}_model", *steps, eager,
-                 {"history": histories(16, size=size)})  # fmt: skip
+        assemble(
+            out,
+            name,
+            Signature.from_dict(signatures["ensemble"]),
+            work / f"{name}_model",
+            *steps,
+            eager,
+            {"history": histories(16, size=size)},
+        )
     return out

@@ -56,8 +56,12 @@ POST_SIGNATURE = {
         {"name": "scores", "dtype": "fp32", "shape": [-1, 10]},
     ],
 }
-ENSEMBLE_SIGNATURE = {"batch": True, "max_batch_size": 32, "inputs": PRE_SIGNATURE["inputs"],
-                      "outputs": POST_SIGNATURE["outputs"]}  # fmt: skip
+ENSEMBLE_SIGNATURE = {
+    "batch": True,
+    "max_batch_size": 32,
+    "inputs": PRE_SIGNATURE["inputs"],
+    "outputs": POST_SIGNATURE["outputs"],
+}
 
 
 class Recommender(nn.Module):
@@ -112,8 +116,16 @@ def build_bundle(out: Path, factory: str = "recommender_v1", name: str = "recsys
         pre = _step(f"{name}_pre", HERE / "pre", PRE_SIGNATURE, work)
         post = _step(f"{name}_post", HERE / "post", POST_SIGNATURE, work)
         eager = globals()[factory]()
-        assemble(out, name, Signature.from_dict(ENSEMBLE_SIGNATURE), work / f"{name}_model", pre, post, eager,
-                 {"history": histories(16)})  # fmt: skip
+        assemble(
+            out,
+            name,
+            Signature.from_dict(ENSEMBLE_SIGNATURE),
+            work / f"{name}_model",
+            pre,
+            post,
+            eager,
+            {"history": histories(16)},
+        )
     if wrong_id_map:
         shuffled = list(np.random.default_rng(7).permutation(CATALOGUE_IDS).tolist())
         (out / f"{name}_post" / "1" / "item_index.json").write_text(json.dumps({"item_ids": shuffled}))
