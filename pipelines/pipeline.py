@@ -6,14 +6,23 @@ very same functions in this environment. Secrets never pass through parameters: 
 from a Kubernetes Secret as environment variables (kfp-kubernetes), or from the environment locally.
 """
 
-from typing import NamedTuple
-
 from kfp import dsl, kubernetes
-from kfp.dsl import HTML, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import Input, Model
 
 from components import admin_key, settings
 from components.settings import GATE_PARAMETERS
-from pipelines.images import image
+from pipelines.kfp_components import (
+    compile_op,
+    export_op,
+    finish_release_op,
+    gate_op,
+    gate_settings_op,
+    promote_op,
+    publish_op,
+    reject_op,
+    stage_op,
+    tune_op,
+)
 
 AWS_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
 ADMIN_SECRET_KEYS = {"admin-key": admin_key.ENV}  # the Secret the Helm chart's Tritons take their admin key from
@@ -22,277 +31,6 @@ DEFAULT_SIGNATURE = (
     '{"batch": true, "max_batch_size": 16, "inputs": [{"name": "features", "dtype": "fp32", "shape": [-1, 32]}], '
     '"outputs": [{"name": "scores", "dtype": "fp32", "shape": [-1, 8]}]}'
 )
-
-
-@dsl.component(base_image=image("tools"))
-def export_op(model_source: str, checkpoint: str, signature: str, golden_samples: int, exported: Output[Model]):
-    """Load the user's model, check it against the signature, export it with golden samples."""
-    import tempfile
-    from pathlib import Path
-
-    from components.export import export
-
-    with tempfile.TemporaryDirectory() as tmp:
-        signature_path = Path(tmp) / "signature.yaml"
-        signature_path.write_text(signature)
-        result = export(
-            model_source, signature_path, Path(exported.path), checkpoint=checkpoint or None, samples=golden_samples
-        )
-    exported.metadata.update({"method": result.method, "fallback_reason": result.fallback_reason or ""})
-
-
-@dsl.component(base_image=image("tools"))
-def export_trained_op(
-    trained: Input[Model], model_factory: str, signature: str, golden_samples: int, exported: Output[Model]
-):
-    """Export a model artifact from a training pipeline: a state_dict for `model_factory`, or a saved model."""
-    import tempfile
-    from pathlib import Path
-
-    from components.export import export
-
-    source = Path(trained.path)
-    with tempfile.TemporaryDirectory() as tmp:
-        signature_path = Path(tmp) / "signature.yaml"
-        signature_path.write_text(signature)
-        if model_factory:
-            result = export(
-                model_factory, signature_path, Path(exported.path), checkpoint=str(source), samples=golden_samples
-            )
-        else:
-            result = export(str(source), signature_path, Path(exported.path), samples=golden_samples)
-    exported.metadata.update({"method": result.method, "fallback_reason": result.fallback_reason or ""})
-
-
-@dsl.component(base_image=image("compile"))
-def compile_op(
-    exported: Input[Model],
-    model_name: str,
-    target: str,
-    precision: str,
-    device: str,
-    compiled: Output[Model],
-    parity: Output[Metrics],
-):
-    """Compile for Triton and check parity against the eager model; fails the run on a mismatch."""
-    from pathlib import Path
-
-    from components.compile import compile_model
-
-    result = compile_model(Path(exported.path), Path(compiled.path), model_name, target, precision, device)
-    for row in result.parity:
-        parity.log_metric(f"{row.name}.{row.check}.max_abs_err", row.max_abs_err)
-    parity.log_metric("compile_seconds", round(result.seconds, 3))
-    compiled.metadata.update({"target": target, "precision": precision, "device": result.device})
-
-
-@dsl.component(base_image=image("tools"))
-def publish_op(compiled: Input[Model], repository: str, s3_endpoint: str, run_id: str) -> NamedTuple(
-    "Published", [("version", int), ("uri", str)]
-):
-    """Publish the compiled folder as a new immutable candidate version."""
-    from collections import namedtuple
-    from pathlib import Path
-
-    from components.publish import publish
-    from components.s3repo import S3Settings
-
-    result = publish(Path(compiled.path), repository, run_id=run_id, s3=S3Settings.from_env(s3_endpoint))
-    return namedtuple("Published", ["version", "uri"])(result.version, result.uri)
-
-
-@dsl.component(base_image=image("tools"))
-def stage_op(repository: str, model_name: str, version: int, gate: str, s3_endpoint: str, run_id: str) -> str:
-    """Load the candidate dark on the gate server; check its answers. Returns the stage result (JSON)."""
-    from components.replicas import resolve
-    from components.s3repo import S3Settings
-    from components.stage import stage
-
-    result = stage(
-        repository, model_name, int(version), resolve(gate)[0].url, s3=S3Settings.from_env(s3_endpoint), run_id=run_id
-    )
-    return result.to_json()
-
-
-@dsl.component(base_image=image("gate"))
-def tune_op(
-    repository: str,
-    model_name: str,
-    version: int,
-    gate: str,
-    stage_result: str,
-    s3_endpoint: str,
-    run_id: str,
-    enabled: bool,
-    budget: int,
-    gate_settings: dict,
-    report: Output[Markdown],
-) -> str:
-    """Search the candidate's serving settings on the gate (config overrides; S3 untouched). Returns the
-    tuning result (JSON); turned off, or after a failed stage, it is the default settings, unmeasured."""
-    import json
-    from pathlib import Path
-
-    from components.replicas import resolve
-    from components.report import tuning_markdown
-    from components.results import StageResult
-    from components.s3repo import S3Settings
-    from components.settings import GateSettings
-    from components.tune import TuneSettings, tune
-
-    staged = StageResult.from_json(stage_result)
-    gating = GateSettings.from_flat(**gate_settings)  # tuned at the gate's load, within its p99 limit
-    settings = TuneSettings(
-        load=gating.load,
-        max_p99_ms=gating.thresholds.max_p99_ms,
-        budget=budget,
-    )
-    server = resolve(gate)[0]  # a k8s:// gate also gives its metrics endpoint: GPU/CPU figures per trial
-    result = tune(
-        repository,
-        model_name,
-        int(version),
-        server.url,
-        settings,
-        s3=S3Settings.from_env(s3_endpoint),
-        run_id=run_id,
-        enabled=enabled and staged.accuracy_passed,
-        metrics_url=server.metrics_url,
-    )
-    text = result.to_json()
-    Path(report.path).write_text("\n".join(tuning_markdown(json.loads(text))) if result.trials else "tuning was off\n")
-    return text
-
-
-@dsl.component(base_image=image("tools"))
-def gate_settings_op(flat: dict) -> dict:
-    """Check the gate's parameters before anything runs: a wrong one fails here, not after the GPU compile."""
-    from components.settings import GateSettings
-
-    return GateSettings.from_flat(**flat).to_flat()
-
-
-@dsl.component(base_image=image("gate"))
-def gate_op(
-    repository: str,
-    model_name: str,
-    version: int,
-    gate: str,
-    stage_result: str,
-    tuning_json: str,
-    s3_endpoint: str,
-    run_id: str,
-    gate_settings: dict,
-    metrics: Output[Metrics],
-    report: Output[Markdown],
-    report_html: Output[HTML],
-) -> NamedTuple("Gated", [("verdict", str), ("verdict_json", str)]):
-    """perf_analyzer rounds against stable until the limits decide, and the verdict; limits of 0 are off."""
-    import tempfile
-    from collections import namedtuple
-    from pathlib import Path
-
-    from components.gate import gate as run_gate
-    from components.replicas import resolve
-    from components.results import StageResult, TuneResult
-    from components.s3repo import S3Settings
-    from components.settings import GateSettings
-
-    settings = GateSettings.from_flat(**gate_settings)
-    with tempfile.TemporaryDirectory() as tmp:
-        server = resolve(gate)[0]
-        result = run_gate(
-            repository,
-            model_name,
-            int(version),
-            server.url,
-            settings,
-            StageResult.from_json(stage_result),
-            Path(tmp),
-            s3=S3Settings.from_env(s3_endpoint),
-            run_id=run_id,
-            tuning=TuneResult.from_json(tuning_json),
-            metrics_url=server.metrics_url,
-        )
-        Path(report.path).write_text((Path(tmp) / "report.md").read_text())
-        Path(report_html.path).write_text((Path(tmp) / "report.html").read_text())
-    for prefix, figures in (("candidate", result.candidate.summary()), ("stable", result.stable.summary())):
-        for key, value in figures.items():
-            if value is not None:
-                metrics.log_metric(f"{prefix}_{key}", round(value, 4))
-    for key in ("p99_regression_pct", "throughput_regression_pct", "measurement_seconds", "rounds"):
-        if getattr(result, key) is not None:
-            metrics.log_metric(key, round(getattr(result, key), 3))
-    metrics.log_metric("passed", 1.0 if result.verdict == "pass" else 0.0)
-    return namedtuple("Gated", ["verdict", "verdict_json"])(result.verdict, result.to_json())
-
-
-@dsl.component(base_image=image("tools"))
-def promote_op(
-    repository: str,
-    model_name: str,
-    version: int,
-    replicas: str,
-    gate: str,
-    verdict_json: str,
-    tuning_json: str,
-    s3_endpoint: str,
-    run_id: str,
-):
-    """Rolling reload of every production replica with the tuned settings; reverts and fails on any error."""
-    from components.promote import promote
-    from components.replicas import resolve
-    from components.results import TuneResult, Verdict
-    from components.s3repo import S3Settings
-
-    verdict = Verdict.from_json(verdict_json).verdict
-    promote(
-        repository,
-        model_name,
-        int(version),
-        resolve(replicas),
-        verdict,
-        resolve(gate)[0].url,
-        settings=TuneResult.from_json(tuning_json).chosen,
-        s3=S3Settings.from_env(s3_endpoint),
-        run_id=run_id,
-    )
-
-
-@dsl.component(base_image=image("tools"))
-def reject_op(
-    repository: str, model_name: str, version: int, gate: str, verdict_json: str, s3_endpoint: str, run_id: str
-):
-    """Leave production untouched, unload the candidate, record why."""
-    from components.promote import reject
-    from components.replicas import resolve
-    from components.results import Verdict
-    from components.s3repo import S3Settings
-
-    decided = Verdict.from_json(verdict_json)
-    reject(
-        repository,
-        model_name,
-        int(version),
-        decided.verdict,
-        decided.reasons,
-        resolve(gate)[0].url,
-        s3=S3Settings.from_env(s3_endpoint),
-        run_id=run_id,
-    )
-
-
-@dsl.component(base_image=image("tools"))
-def finish_release_op(repository: str, model_name: str, gate: str, s3_endpoint: str, run_id: str):
-    """Exit handler: whatever happened, the candidate leaves the gate server and this run's release
-    lease on the model is given back (promote and reject give it back themselves on their paths)."""
-    from components.promote import unload_candidate
-    from components.replicas import resolve
-    from components.repository import ModelRepository
-    from components.s3repo import S3Settings
-
-    unload_candidate(resolve(gate)[0].url, model_name)
-    ModelRepository(repository, S3Settings.from_env(s3_endpoint)).release_lease(model_name, run_id)
 
 
 def _with_s3_secret(task: dsl.PipelineTask, secret_name: str) -> dsl.PipelineTask:

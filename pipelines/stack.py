@@ -12,21 +12,15 @@ section 5), installed into `.tools/` by scripts/setup.sh.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import json
 import os
 import secrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import requests
@@ -37,6 +31,7 @@ from components.s3repo import S3Settings
 from components.tools import find_perf_analyzer, tools_dir
 from pipelines import s3_principals
 from pipelines.outage import TcpSwitch
+from pipelines.processes import ManagedProcess, free_port, port_is_open, wait_until
 
 LOG = log.get("stack")
 PRODUCTION_PREFIX = "models"
@@ -52,121 +47,6 @@ class StackError(TritonshipError):
 def gpu_visible() -> bool:
     """An NVIDIA driver is installed (its nvidia-smi is): Triton may then report GPU metrics."""
     return shutil.which("nvidia-smi") is not None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def port_is_open(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _die_with_parent() -> None:
-    # PR_SET_PDEATHSIG: the kernel sends SIGKILL to the server if the Python process that started
-    # it dies (even by SIGKILL), so no test crash or Ctrl-C leaves a server behind.
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-
-
-@dataclass
-class ManagedProcess:
-    """A server process in its own process group, with its output in a log file."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    log_path: Path
-    detach: bool = False
-    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-    pid: int | None = None
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as out:
-            self.popen = subprocess.Popen(
-                self.argv,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                # PDEATHSIG fires when the *thread* that forked exits, so only the main thread uses it.
-                preexec_fn=_die_with_parent
-                if not self.detach and threading.current_thread() is threading.main_thread()
-                else None,
-            )
-        self.pid = self.popen.pid
-        log.event(LOG, "process started", name=self.name, pid=self.pid, log=self.log_path)
-
-    def alive(self) -> bool:
-        if self.popen is not None:
-            return self.popen.poll() is None
-        return self.pid is not None and _pid_alive(self.pid)
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM the whole process group (server and its backend stubs), SIGKILL after `timeout`."""
-        if self.pid is None:
-            return
-        _kill_group(self.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while self.alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        _kill_group(self.pid, signal.SIGKILL)
-        if self.popen is not None:
-            self.popen.wait()
-        _wait_group_gone(self.pid, 5.0)
-
-    def kill(self) -> None:
-        """SIGKILL at once, as a crash or an evicted pod would."""
-        if self.pid is not None:
-            _kill_group(self.pid, signal.SIGKILL)
-            if self.popen is not None:
-                self.popen.wait()
-            _wait_group_gone(self.pid, 5.0)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return "(no log)"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie counts as gone.
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    return False
-
-
-def _kill_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _group_members(pgid: int) -> list[int]:
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                members.append(int(stat.parent.name))
-    return members
-
-
-def _wait_group_gone(pgid: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while _group_members(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 @dataclass
@@ -338,7 +218,7 @@ class EmbeddedStack:
                 detach=self.detach,
             )
             proc.start()
-            if _wait_until(lambda port=port: port_is_open(port), proc, 30):
+            if wait_until(lambda port=port: port_is_open(port), proc, 30):
                 if self._with_s3_switch:
                     self.s3_switch = TcpSwitch(port, endpoint_port)
                 self._create_bucket(setup)
@@ -506,63 +386,3 @@ def _process_admin_key() -> str:
         key = secrets.token_urlsafe(24)
         os.environ[admin_key.ENV] = key
     return key
-
-
-def _wait_until(condition: object, proc: ManagedProcess, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return True
-        if not proc.alive():
-            return False
-        time.sleep(0.1)
-    return False
-
-
-# ------------------------------------------------------------------------- stack up / stack down
-STATE_FILE = "state.json"
-
-
-def stack_up(state_dir: Path, replicas: int, gate: bool) -> dict[str, object]:
-    """Start a detached stack that outlives this process; its description goes to state_dir."""
-    state_path = state_dir / STATE_FILE
-    if state_dir.exists() and not state_dir.is_dir():
-        raise StackError(f"the state folder {state_dir} is a file; give a folder (or a path that does not exist).")
-    if state_path.exists():
-        raise StackError(f"a stack is already up (see {state_path}); run `tritonship stack down` first.")
-    stack = EmbeddedStack(replicas=replicas, gate=gate, workdir=state_dir, detach=True)
-    try:
-        stack.start()
-    except BaseException:
-        stack.stop()
-        raise
-    description = stack.describe()
-    description["pgids"] = [p.pid for p in _processes(stack)]
-    state_path.write_text(json.dumps({**description, "env": stack.env()}, indent=2))
-    state_path.chmod(0o600)  # holds the S3 credentials and the admin key
-    return description
-
-
-def stack_down(state_dir: Path) -> list[int]:
-    """Stop every process of the stack described in state_dir; returns the process groups stopped."""
-    state_path = state_dir / STATE_FILE
-    if not state_path.exists():
-        raise StackError(f"no stack is up (no {state_path}).")
-    pgids = [int(p) for p in json.loads(state_path.read_text())["pgids"]]
-    for pgid in pgids:
-        _kill_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    while any(_group_members(p) for p in pgids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pgid in pgids:
-        _kill_group(pgid, signal.SIGKILL)
-        _wait_group_gone(pgid, 5)
-    state_path.unlink()
-    return pgids
-
-
-def _processes(stack: EmbeddedStack) -> Iterator[ManagedProcess]:
-    if stack.s3_server:
-        yield stack.s3_server.process
-    for server in stack.servers.values():
-        yield server.process

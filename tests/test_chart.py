@@ -16,7 +16,7 @@ from components.publish import publish
 from components.repository import ModelRepository
 from components.tools import tools_dir
 from components.triton_admin import TritonAdmin, TritonError
-from pipelines.stack import free_port
+from pipelines.processes import free_port
 from tests.models import mlp_folder
 from tests.release_helpers import unique
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from components.publish import publish
 from pipelines.cli import app
-from pipelines.stack import free_port
+from pipelines.processes import free_port
 from tests.models import MLP_SIGNATURE, mlp_folder, write_signature
 from tests.release_helpers import unique
 

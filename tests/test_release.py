@@ -16,7 +16,7 @@ from components.gate import gate
 from components.promote import PartialRevert, PromotionError, promote, reject
 from components.repository import ModelRepository, candidate_name
 from components.triton_admin import TritonAdmin
-from pipelines.stack import free_port
+from pipelines.processes import free_port
 from tests.models import mlp_folder
 from tests.release_helpers import (
     ABSOLUTE_GATE,

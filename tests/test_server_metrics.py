@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from components import server_metrics
-from pipelines.stack import free_port
+from pipelines.processes import free_port
 from tests.models import mlp_folder
 from tests.release_helpers import ABSOLUTE_GATE, stage_and_gate, unique
 

@@ -17,7 +17,8 @@ from components import perf
 from components.model_folder import load_golden
 from components.settings import RELAXED_STABILITY_PCT
 from components.triton_admin import TritonAdmin, TritonError, TritonUnreachable
-from pipelines.stack import EmbeddedStack, _pid_alive, port_is_open
+from pipelines.processes import pid_alive, port_is_open
+from pipelines.stack import EmbeddedStack
 from tests.models import mlp_folder, upload_folder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,7 +107,7 @@ def test_two_stacks_at_once_get_their_own_ports_and_leave_nothing_behind():
     finally:
         for s in stacks:
             s.stop()
-    assert not any(_pid_alive(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
     assert not any(port_is_open(p) for p in ports)
     assert not any(s.workdir.exists() for s in stacks)
 
@@ -123,11 +124,11 @@ def test_killed_owner_leaves_no_server_behind(tmp_path):
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         s3_pid, triton_pid, http_port = json.loads(owner.stdout.readline())
-        assert _pid_alive(triton_pid) and port_is_open(http_port)
+        assert pid_alive(triton_pid) and port_is_open(http_port)
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
-    _wait_for(lambda: not _pid_alive(s3_pid) and not _pid_alive(triton_pid), 15)
+    _wait_for(lambda: not pid_alive(s3_pid) and not pid_alive(triton_pid), 15)
     _wait_for(lambda: not port_is_open(http_port), 15)
 
 
@@ -156,13 +157,13 @@ def test_stack_up_prints_endpoints_and_stack_down_stops_everything(tmp_path):
 
     down = subprocess.run([*cli, "stack", "down", "--state-dir", str(state)], capture_output=True, text=True, cwd=REPO)
     assert down.returncode == 0, down.stderr
-    assert not any(_pid_alive(p) for p in saved["pgids"])
+    assert not any(pid_alive(p) for p in saved["pgids"])
     assert not TritonAdmin(http, timeout=1, retries=1).is_live()
     assert not (state / "state.json").exists()
 
 
 def _closed_port() -> int:
-    from pipelines.stack import free_port
+    from pipelines.processes import free_port
 
     return free_port()
 
@@ -180,11 +181,11 @@ def _wait_for(condition, timeout: float) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0 and sys.platform != "linux", reason="needs /proc")
 def test_process_group_check_sees_children():
-    from pipelines.stack import _group_members
+    from pipelines.processes import group_members
 
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        assert proc.pid in _group_members(proc.pid)
+        assert proc.pid in group_members(proc.pid)
     finally:
         proc.kill()
         proc.wait()

@@ -8,7 +8,8 @@ from kfp import dsl
 from kfp.dsl import Model, Output
 
 from pipelines.images import image
-from pipelines.pipeline import compile_op, export_trained_op, gate_settings_op, release_steps
+from pipelines.kfp_components import compile_op, export_trained_op, gate_settings_op
+from pipelines.pipeline import release_steps
 from pipelines.sample_models import SAMPLE_SIGNATURE
 
 

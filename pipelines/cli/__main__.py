@@ -1,0 +1,5 @@
+"""`python -m pipelines.cli`: the same as the `tritonship` command."""
+
+from pipelines.cli import app
+
+app()

@@ -1,0 +1,134 @@
+"""`tritonship export|compile|ensemble|publish`: from a trained model to a published candidate version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from components import settings
+from pipelines.cli.common import (
+    EndpointOption,
+    RepositoryOption,
+    app,
+    console,
+    friendly_errors,
+    out_console_line,
+    s3_settings,
+)
+
+
+# ------------------------------------------------------------------------------------ export / compile
+@app.command("export")
+@friendly_errors
+def export_cmd(
+    model: Annotated[str, typer.Option(help="package.module:factory, a TorchScript file or an ExportedProgram .pt2")],
+    signature: Annotated[Path, typer.Option(help="the I/O signature (YAML or JSON)")],
+    out: Annotated[Path, typer.Option(help="output folder (must not exist)")],
+    checkpoint: Annotated[str | None, typer.Option(help="state_dict for the factory's model: a path or s3://")] = None,
+    golden: Annotated[Path | None, typer.Option(help=".npz of golden inputs keyed by input name")] = None,
+    samples: Annotated[int, typer.Option(help="golden samples to generate when --golden is not given")] = 16,
+    method: Annotated[settings.ExportMethod, typer.Option(help="auto: torch.export, then TorchScript")] = "auto",
+) -> None:
+    """Load a model, check it against its signature, export it with golden samples."""
+    from components.export import export
+
+    result = export(model, signature, out, checkpoint=checkpoint, golden=golden, samples=samples, method=method)
+    out_console_line(f"exported with {result.method} to {result.out_dir / result.artifact}")
+    if result.fallback_reason:
+        out_console_line(f"  (fell back: {result.fallback_reason})")
+
+
+@app.command("compile")
+@friendly_errors
+def compile_cmd(
+    export_dir: Annotated[Path, typer.Argument(help="the output folder of `tritonship export`")],
+    name: Annotated[str, typer.Option(help="the Triton model name")],
+    out: Annotated[Path, typer.Option(help="output model folder (must not exist)")],
+    target: Annotated[settings.Target, typer.Option(help="what to compile to")] = "torchscript",
+    precision: Annotated[settings.Precision, typer.Option(help="bf16 with tensorrt only")] = "fp32",
+    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
+    atol: Annotated[float | None, typer.Option(help="absolute tolerance (default by precision)")] = None,
+    rtol: Annotated[float | None, typer.Option(help="relative tolerance (default by precision)")] = None,
+    int_mismatch: Annotated[float | None, typer.Option(help="share of integer output elements that may differ")] = None,
+    opt_batch: Annotated[int, typer.Option(help="TensorRT optimisation batch size")] = 8,
+    workspace_gb: Annotated[float, typer.Option(help="TensorRT workspace in GiB")] = 2.0,
+) -> None:
+    """Compile an export for Triton, check parity against the eager model, write the model folder."""
+    from components.compile import Tolerance, compile_model, parity_table
+
+    tolerance = Tolerance.for_precision(precision, atol, rtol, int_mismatch)
+    with console.status(f"compiling for {target} ({precision}, {device})"):
+        result = compile_model(
+            export_dir,
+            out,
+            name,
+            target,
+            precision,
+            device,
+            tolerance=tolerance,
+            opt_batch=opt_batch,
+            workspace_gb=workspace_gb,
+        )
+    out_console_line(parity_table(result.parity))
+    out_console_line(f"compiled {target}/{precision} on {result.device} in {result.seconds:.1f} s -> {result.out_dir}")
+
+
+@app.command("publish")
+@friendly_errors
+def publish_cmd(
+    folder: Annotated[Path, typer.Argument(help="the output folder of `tritonship compile` or `ensemble` (a bundle)")],
+    repository: RepositoryOption,
+    run_id: Annotated[
+        str | None, typer.Option(help="source run id (default: KFP_RUN_ID, else from the content)")
+    ] = None,
+    s3_endpoint: EndpointOption = None,
+) -> None:
+    """Publish a compiled model folder (or an ensemble bundle) as a new immutable candidate version (staging)."""
+    from components.publish import publish
+
+    with console.status("publishing"):
+        result = publish(folder, repository, run_id=run_id, s3=s3_settings(s3_endpoint))
+    verb = "already published as" if result.resumed else "published"
+    out_console_line(f"{verb} {result.model} version {result.version} -> {result.uri}")
+
+
+@app.command("ensemble")
+@friendly_errors
+def ensemble_cmd(
+    compiled: Annotated[Path, typer.Argument(help="the output folder of `tritonship compile`")],
+    name: Annotated[str, typer.Option(help="the ensemble's name (what clients call)")],
+    signature: Annotated[Path, typer.Option(help="the ensemble's I/O signature (YAML/JSON)")],
+    model: Annotated[str, typer.Option(help="the eager model for the reference: pkg.mod:factory or a file")],
+    pre: Annotated[Path, typer.Option(help="preprocessing: a folder with step.py and the files it reads")],
+    pre_signature: Annotated[Path, typer.Option(help="preprocessing I/O signature")],
+    post: Annotated[Path, typer.Option(help="postprocessing: a folder with step.py and the files it reads")],
+    post_signature: Annotated[Path, typer.Option(help="postprocessing I/O signature")],
+    inputs: Annotated[Path, typer.Option(help="golden ensemble inputs: .npz with one array per input")],
+    out: Annotated[Path, typer.Option(help="the bundle folder to write")],
+    checkpoint: Annotated[str | None, typer.Option(help="state_dict for the factory (local or s3://)")] = None,
+) -> None:
+    """Assemble a release bundle: the compiled model, its pre/post-processing steps and the ensemble that
+    chains them, with reference outputs computed in Python from the same step.py code and the eager model."""
+    import numpy as np
+
+    from components.ensemble import Step, assemble
+    from components.model_source import load_model
+    from components.signature import Signature
+
+    with np.load(inputs, allow_pickle=False) as data:
+        golden = {k: data[k] for k in data.files}
+    pre_name, post_name = f"{name}_pre", f"{name}_post"
+    with console.status("running the reference and writing the bundle"):
+        assemble(
+            out,
+            name,
+            Signature.load(signature),
+            compiled,
+            Step(pre_name, pre, Signature.load(pre_signature)),
+            Step(post_name, post, Signature.load(post_signature)),
+            load_model(model, checkpoint),
+            golden,
+        )
+    out_console_line(f"wrote the {name} bundle ({pre_name} -> {compiled.name} -> {post_name}) to {out}")

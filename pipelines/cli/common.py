@@ -1,0 +1,138 @@
+"""`tritonship`: every step is a subcommand, plus the embedded stack, the repository tools and the demo.
+
+This module holds what the command groups share: the app, the consoles, the error handling, the options
+several groups take and the readers of files a step wrote."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from components import log, settings
+from components.errors import TritonshipError
+
+if TYPE_CHECKING:
+    from components.results import Result
+
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help=__doc__.split("\n")[0], pretty_exceptions_enable=False
+)
+
+console = Console(stderr=True)
+out = Console()
+F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R", bound="Result")
+DEFAULT_STATE_DIR = Path(".stack")
+
+
+@app.callback()
+def main(verbose: Annotated[int, typer.Option("-v", "--verbose", count=True, help="-v info, -vv debug")] = 0) -> None:
+    log.configure(verbose)
+
+
+def friendly_errors(fn: F) -> F:
+    """Report a TritonshipError as one plain sentence and a non-zero exit, without a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TritonshipError as exc:
+            console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+        except OSError as exc:  # a path argument that is missing, a directory, or not ours to read or write
+            where = f" {exc.filename}" if exc.filename else ""
+            console.print(
+                f"[bold red]error:[/] cannot use{where}: {(exc.strerror or str(exc)).lower()}; check the path.",
+                highlight=False,
+                markup=True,
+                soft_wrap=True,
+            )
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted[/]")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def out_console_line(text: str) -> None:
+    out.print(text, highlight=False, markup=False)
+
+
+def read_text(path: Path, what: str) -> str:
+    """A file argument's text, or one sentence saying why it cannot be read."""
+    if path.is_dir():
+        raise TritonshipError(f"the {what} {path} is a directory; give the file inside it.")
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise TritonshipError(f"the {what} {path} does not exist; check the path.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TritonshipError(f"the {what} {path} cannot be read ({exc.__class__.__name__}); check the file.") from None
+
+
+def read_result(path: Path, what: str, kind: type[R]) -> R:
+    """A step's result file (stage result, tuning result, verdict) as its type, or one sentence saying why not."""
+    try:
+        return kind.from_json(read_text(path, what))
+    except ValueError as exc:
+        raise TritonshipError(
+            f"{path} is not a {what} written by tritonship ({exc}); pass the file the step wrote."
+        ) from None
+
+
+def validated_gate_settings(flat: dict[str, Any]) -> settings.GateSettings:
+    """GateSettings from the CLI's flat options, with a plain error for values it refuses."""
+    try:
+        return settings.GateSettings.from_flat(**flat)
+    except ValueError as exc:
+        raise TritonshipError(f"{exc}.") from None
+
+
+# ------------------------------------------------------------------------------- publish / repository
+RepositoryOption = Annotated[
+    str, typer.Option("--repository", "-r", envvar="TRITONSHIP_REPOSITORY", help="repository root, s3://bucket/prefix")
+]
+EndpointOption = Annotated[
+    str | None, typer.Option("--s3-endpoint", envvar="AWS_ENDPOINT_URL_S3", help="S3 endpoint URL (not AWS)")
+]
+
+
+def s3_settings(endpoint: str | None) -> Any:
+    from components.s3repo import S3Settings
+
+    return S3Settings.from_env(endpoint)
+
+
+GateOption = Annotated[
+    str, typer.Option("--gate", envvar="TRITONSHIP_GATE", help="gate server: host:port or k8s://ns/selector")
+]
+ModelOption = Annotated[str, typer.Option("--model", "-m", help="model name")]
+VersionOption = Annotated[int, typer.Option("--version", help="candidate version")]
+UnloadGateOption = Annotated[
+    str | None, typer.Option("--gate", envvar="TRITONSHIP_GATE", help="the gate server, to unload the candidate from")
+]
+
+
+def one_server(spec: str) -> str:
+    return gate_server(spec, None)[0]
+
+
+def gate_server(spec: str, metrics: str | None) -> tuple[str, str]:
+    """The server's HTTP host:port and its metrics endpoint (given, or found with a k8s:// pod; else none)."""
+    from components.replicas import resolve
+
+    server = resolve(spec)[0]
+    return server.url, metrics or server.metrics_url
+
+
+GateMetricsOption = Annotated[
+    str | None,
+    typer.Option(envvar="TRITONSHIP_GATE_METRICS", help="the gate's metrics endpoint host:port (GPU/CPU figures)"),
+]
