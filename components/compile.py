@@ -33,7 +33,7 @@ from components.errors import TritonshipError
 from components.export import ExportedModel, read_export
 from components.model_config import validate_model_name
 from components.parity import DEFAULT_TOLERANCES, OutputParity, Tolerance, compare, parity_table
-from components.settings import Precision, Target
+from components.settings import DEFAULT_COMPILE_DEVICE, DEFAULT_PRECISION, DEFAULT_TARGET, Precision, Target
 from components.signature import FLOAT_DTYPES, Signature, concrete_shape
 
 LOG = log.get("compile")
@@ -271,9 +271,9 @@ def compile_model(
     export_dir: Path,
     out_dir: Path,
     name: str,
-    target: Target = "torchscript",
-    precision: Precision = "fp32",
-    device: str = "cpu",
+    target: Target = DEFAULT_TARGET,
+    precision: Precision = DEFAULT_PRECISION,
+    device: str = DEFAULT_COMPILE_DEVICE,
     tolerance: Tolerance | None = None,
     opt_batch: int = 8,
     workspace_gb: float = 2.0,

@@ -41,6 +41,7 @@ from components import log, trace_retarget
 from components.model_folder import load_checks, load_golden, save_checks, save_golden
 from components.model_source import ExportError, first_line, load_model
 from components.s3repo import S3Settings
+from components.settings import DEFAULT_GOLDEN_SAMPLES
 from components.settings import ExportMethod as Method
 from components.signature import Signature, SignatureError, check_tensor, dtype_name
 
@@ -258,7 +259,7 @@ def export(
     out_dir: Path,
     checkpoint: str | None = None,
     golden: Path | None = None,
-    samples: int = 16,
+    samples: int = DEFAULT_GOLDEN_SAMPLES,
     method: Method = "auto",
     s3: S3Settings | None = None,
 ) -> ExportResult:

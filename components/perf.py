@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from components import admin_key, log
+from components.settings import DEFAULT_WINDOW_MS
 from components.tools import find_perf_analyzer
 
 LOG = log.get("perf")
@@ -170,7 +171,7 @@ class LoadSettings:
 
     concurrency: int = 1
     request_rate: float | None = None  # if set, a fixed request rate instead of concurrency
-    window_ms: int = 1000
+    window_ms: int = DEFAULT_WINDOW_MS
     stability_pct: float = 20.0
     max_trials: int = 10
     percentile: int | None = None  # stabilise on this latency percentile; None: on average latency

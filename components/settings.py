@@ -7,9 +7,12 @@ three agree. A limit or rate of 0 is off, in every form (None is off too, from P
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from components import gate_stats, perf
+from components import gate_stats
+
+if TYPE_CHECKING:
+    from components import perf
 
 Design = Literal["duet", "alternating"]
 DESIGNS: tuple[Design, ...] = ("duet", "alternating")
@@ -32,6 +35,21 @@ DEFAULT_INSTANCE_COUNTS = (1, 2, 3)  # tune's instance counts (a 16-core GPU hos
 # the cores (the backend's own default takes them all, per model); tune tries the counts below.
 DEFAULT_INTRA_OP_THREADS = 1
 DEFAULT_INTRA_OP_THREAD_COUNTS = (1, 2)
+# The other steps' defaults, each named once here and read by the step, the CLI and the pipeline
+# (tests/test_settings.py compares them).
+DEFAULT_GOLDEN_SAMPLES = 16  # export: golden samples generated when none are given
+DEFAULT_TUNE_BUDGET = 16  # tune: settings measured at most (two confirmation runs come on top)
+DEFAULT_TUNE_P99_SLACK_PCT = 10.0  # tune: how much p99 may grow over the default's when no limit is given
+DEFAULT_TUNE_MIN_GAIN_PCT = 5.0  # tune: the smallest throughput gain that moves the search
+DEFAULT_CLEANUP_GRACE_S = 3600.0  # repo gc: how old an unsealed version must be before it is removed
+# Where it differs from the CLI on purpose: the pipeline compiles on a GPU node, with Torch-TensorRT in fp16
+# (what production serves fastest); the CLI on the machine it runs on, TorchScript in fp32 (no GPU needed).
+DEFAULT_TARGET: Target = "torchscript"
+DEFAULT_PRECISION: Precision = "fp32"
+DEFAULT_COMPILE_DEVICE = "cpu"
+PIPELINE_TARGET: Target = "tensorrt"
+PIPELINE_PRECISION: Precision = "fp16"
+PIPELINE_COMPILE_DEVICE = "cuda"
 
 
 @dataclass(frozen=True)
@@ -146,6 +164,8 @@ class GateSettings:
 
     @property
     def load(self) -> perf.LoadSettings:
+        from components import perf
+
         return perf.LoadSettings(
             concurrency=self.concurrency,
             request_rate=self.request_rate,

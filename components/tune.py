@@ -39,7 +39,15 @@ from components.model_config import ServingSettings
 from components.repository import ModelRepository, candidate_name
 from components.results import Trial, TuneResult
 from components.s3repo import S3Settings
-from components.settings import DEFAULT_INSTANCE_COUNTS, DEFAULT_INTRA_OP_THREAD_COUNTS, RELAXED_STABILITY_PCT
+from components.settings import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_INSTANCE_COUNTS,
+    DEFAULT_INTRA_OP_THREAD_COUNTS,
+    DEFAULT_TUNE_BUDGET,
+    DEFAULT_TUNE_MIN_GAIN_PCT,
+    DEFAULT_TUNE_P99_SLACK_PCT,
+    RELAXED_STABILITY_PCT,
+)
 from components.stage import CandidateVersion, read_candidate
 from components.triton_admin import TritonAdmin, TritonError
 
@@ -51,12 +59,12 @@ WARM_UP_REQUESTS = 20
 class TuneSettings:
     # perf_analyzer's stability check relaxed, as the gate's: a busy machine's noise must not lose a trial
     load: perf.LoadSettings = field(
-        default_factory=lambda: perf.LoadSettings(concurrency=4, stability_pct=RELAXED_STABILITY_PCT)
+        default_factory=lambda: perf.LoadSettings(concurrency=DEFAULT_CONCURRENCY, stability_pct=RELAXED_STABILITY_PCT)
     )
     max_p99_ms: float | None = None
-    p99_slack_pct: float = 10.0
-    budget: int = 16
-    min_gain_pct: float = 5.0
+    p99_slack_pct: float = DEFAULT_TUNE_P99_SLACK_PCT
+    budget: int = DEFAULT_TUNE_BUDGET
+    min_gain_pct: float = DEFAULT_TUNE_MIN_GAIN_PCT
     instance_counts: tuple[int, ...] = DEFAULT_INSTANCE_COUNTS
     intra_op_thread_counts: tuple[int, ...] = DEFAULT_INTRA_OP_THREAD_COUNTS
     queue_delays_us: tuple[int, ...] = (0, 500, 2000, 8000)

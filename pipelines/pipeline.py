@@ -180,8 +180,8 @@ Args:
     signature: the I/O signature (YAML or JSON): input and output names, dtypes, shapes, batching
     model_name: the name production serves the model under
     golden_samples: golden input samples kept for the accuracy checks
-    compile_target: tensorrt or torchscript
-    precision: fp32 or fp16
+    compile_target: tensorrt or torchscript (tensorrt here on a GPU node; the CLI's default is torchscript)
+    precision: fp32, fp16 or bf16 (bf16 with tensorrt only)
     compile_device: cuda or cpu
     gpu_count: GPUs the compile step asks for
     gpu_node_selector: node selector of the compile step
@@ -202,10 +202,10 @@ def release_pipeline(
     checkpoint: str = "",
     signature: str = DEFAULT_SIGNATURE,
     model_name: str = "model",
-    golden_samples: int = 16,
-    compile_target: str = "tensorrt",
-    precision: str = "fp16",
-    compile_device: str = "cuda",
+    golden_samples: int = settings.DEFAULT_GOLDEN_SAMPLES,
+    compile_target: str = settings.PIPELINE_TARGET,
+    precision: str = settings.PIPELINE_PRECISION,
+    compile_device: str = settings.PIPELINE_COMPILE_DEVICE,
     gpu_count: int = 1,
     gpu_node_selector: dict = {"nvidia.com/gpu.present": "true"},  # noqa: B006 (KFP parameter default)
     gpu_tolerations: list = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],  # noqa: B006
@@ -226,7 +226,7 @@ def release_pipeline(
     max_p99_regression_pct: float = settings.DEFAULT_MAX_REGRESSION_PCT,
     max_throughput_regression_pct: float = settings.DEFAULT_MAX_REGRESSION_PCT,
     tune: bool = True,
-    tune_budget: int = 16,
+    tune_budget: int = settings.DEFAULT_TUNE_BUDGET,
 ):
     given = locals()  # the gate's parameters travel as one dict, checked before anything runs
     gating = gate_settings_op(flat={name: given[name] for name in GATE_PARAMETERS})

@@ -27,6 +27,8 @@ import requests
 
 from components import admin_key, log
 from components.errors import TritonshipError
+from components.repository.store import PRODUCTION as PRODUCTION_PREFIX
+from components.repository.store import STAGING as STAGING_PREFIX
 from components.s3repo import S3Settings
 from components.tools import find_perf_analyzer, tools_dir
 from pipelines import s3_principals
@@ -34,8 +36,6 @@ from pipelines.outage import TcpSwitch
 from pipelines.processes import ManagedProcess, free_port, port_is_open, wait_until
 
 LOG = log.get("stack")
-PRODUCTION_PREFIX = "models"
-STAGING_PREFIX = "staging"
 TRITON_IMAGE_VERSION = "2.51.0"
 PYTORCH_BACKEND = "libtriton_pytorch.so"
 

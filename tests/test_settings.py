@@ -1,6 +1,6 @@
-"""One source of truth for the gate's settings: components/settings.py's GATE_PARAMETERS names, defaults and
-explains every gate setting; the `tritonship gate` options and the compiled pipeline's parameters agree
-with it, and "off" is 0 in every form."""
+"""One home for every default: components/settings.py names the gate's settings (GATE_PARAMETERS: names, defaults,
+help) and every other step's defaults; the `tritonship` options, the compiled pipeline's parameters and the
+steps agree with it, and "off" is 0 in every form."""
 
 from __future__ import annotations
 
@@ -76,3 +76,52 @@ def test_flat_settings_round_trip_and_zero_is_off_everywhere():
 def test_wrong_settings_are_refused_where_they_are_built(flat, message):
     with pytest.raises(ValueError, match=message):
         GateSettings.from_flat(**flat)
+
+
+def _cli_defaults(*command: str) -> dict[str, object]:
+    group = typer.main.get_command(app)
+    for name in command:
+        group = group.commands[name]
+    return {p.name: p.default for p in group.params}
+
+
+def _pipeline_defaults() -> dict[str, object]:
+    spec = next(yaml.safe_load_all(COMPILED.read_text()))
+    return {n: p.get("defaultValue") for n, p in spec["root"]["inputDefinitions"]["parameters"].items()}
+
+
+def test_every_steps_defaults_have_one_home_that_the_cli_the_pipeline_and_the_step_read():
+    import inspect
+
+    from components import settings
+    from components.compile import compile_model
+    from components.export import export
+    from components.perf import LoadSettings
+    from components.repository.maintenance import Maintenance
+    from components.tune import TuneSettings
+
+    pipeline = _pipeline_defaults()
+    # export
+    assert _cli_defaults("export")["samples"] == settings.DEFAULT_GOLDEN_SAMPLES == pipeline["golden_samples"]
+    assert inspect.signature(export).parameters["samples"].default == settings.DEFAULT_GOLDEN_SAMPLES
+    # compile: the CLI and the step on this machine; the pipeline on a GPU node, on purpose
+    step = inspect.signature(compile_model).parameters
+    cli = _cli_defaults("compile")
+    assert cli["target"] == step["target"].default == settings.DEFAULT_TARGET
+    assert cli["precision"] == step["precision"].default == settings.DEFAULT_PRECISION
+    assert cli["device"] == step["device"].default == settings.DEFAULT_COMPILE_DEVICE
+    assert pipeline["compile_target"] == settings.PIPELINE_TARGET
+    assert pipeline["precision"] == settings.PIPELINE_PRECISION
+    assert pipeline["compile_device"] == settings.PIPELINE_COMPILE_DEVICE
+    # tune: at the gate's load by default
+    tune, cli = TuneSettings(), _cli_defaults("tune")
+    assert cli["budget"] == tune.budget == settings.DEFAULT_TUNE_BUDGET == pipeline["tune_budget"]
+    assert cli["concurrency"] == tune.load.concurrency == settings.DEFAULT_CONCURRENCY == pipeline["concurrency"]
+    assert cli["window_ms"] == tune.load.window_ms == LoadSettings().window_ms == settings.DEFAULT_WINDOW_MS
+    assert cli["p99_slack_pct"] == tune.p99_slack_pct == settings.DEFAULT_TUNE_P99_SLACK_PCT
+    assert cli["min_gain_pct"] == tune.min_gain_pct == settings.DEFAULT_TUNE_MIN_GAIN_PCT
+    assert cli["instance_counts"] == ",".join(map(str, tune.instance_counts))
+    assert cli["intra_op_threads"] == ",".join(map(str, tune.intra_op_thread_counts))
+    # repo gc
+    grace = inspect.signature(Maintenance.gc).parameters["grace_seconds"].default
+    assert _cli_defaults("repo", "gc")["grace"] == grace == settings.DEFAULT_CLEANUP_GRACE_S

@@ -28,6 +28,7 @@ from tests.release_helpers import TEST_GATE, replicas, repository, unique
 DEFAULT = ServingSettings(max_batch_size=32, dynamic_batching=True, max_queue_delay_us=0, instance_count=1)
 # the search's rules on the knobs every model has; the intra-op threads have a test of their own
 SPACE = TuneSettings(
+    load=perf.LoadSettings(concurrency=4, stability_pct=RELAXED_STABILITY_PCT),
     instance_counts=(1, 2, 3),
     intra_op_thread_counts=(1,),
     optimized_executions=(True,),

@@ -10,6 +10,7 @@ from components.repository.desired import DesiredState
 from components.repository.manifests import Manifests
 from components.repository.store import MANIFEST, PRODUCTION, STAGING, RepositoryError, candidate_name
 from components.repository.versions import Versions
+from components.settings import DEFAULT_CLEANUP_GRACE_S
 
 
 class Maintenance(Manifests, Versions, DesiredState):
@@ -35,7 +36,11 @@ class Maintenance(Manifests, Versions, DesiredState):
         return sorted(out)
 
     def gc(
-        self, grace_seconds: float = 3600.0, dry_run: bool = False, model: str | None = None, keep: int | None = None
+        self,
+        grace_seconds: float = DEFAULT_CLEANUP_GRACE_S,
+        dry_run: bool = False,
+        model: str | None = None,
+        keep: int | None = None,
     ) -> list[str]:
         """Remove version folders without a manifest whose allocation is older than the grace period, and
         with `keep`, sealed versions beyond the newest `keep` (see `retire`)."""

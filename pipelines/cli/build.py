@@ -28,7 +28,9 @@ def export_cmd(
     out: Annotated[Path, typer.Option(help="output folder (must not exist)")],
     checkpoint: Annotated[str | None, typer.Option(help="state_dict for the factory's model: a path or s3://")] = None,
     golden: Annotated[Path | None, typer.Option(help=".npz of golden inputs keyed by input name")] = None,
-    samples: Annotated[int, typer.Option(help="golden samples to generate when --golden is not given")] = 16,
+    samples: Annotated[
+        int, typer.Option(help="golden samples to generate when --golden is not given")
+    ] = settings.DEFAULT_GOLDEN_SAMPLES,
     method: Annotated[settings.ExportMethod, typer.Option(help="auto: torch.export, then TorchScript")] = "auto",
 ) -> None:
     """Load a model, check it against its signature, export it with golden samples."""
@@ -46,9 +48,9 @@ def compile_cmd(
     export_dir: Annotated[Path, typer.Argument(help="the output folder of `tritonship export`")],
     name: Annotated[str, typer.Option(help="the Triton model name")],
     out: Annotated[Path, typer.Option(help="output model folder (must not exist)")],
-    target: Annotated[settings.Target, typer.Option(help="what to compile to")] = "torchscript",
-    precision: Annotated[settings.Precision, typer.Option(help="bf16 with tensorrt only")] = "fp32",
-    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
+    target: Annotated[settings.Target, typer.Option(help="what to compile to")] = settings.DEFAULT_TARGET,
+    precision: Annotated[settings.Precision, typer.Option(help="bf16 with tensorrt only")] = settings.DEFAULT_PRECISION,
+    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = settings.DEFAULT_COMPILE_DEVICE,
     atol: Annotated[float | None, typer.Option(help="absolute tolerance (default by precision)")] = None,
     rtol: Annotated[float | None, typer.Option(help="relative tolerance (default by precision)")] = None,
     int_mismatch: Annotated[float | None, typer.Option(help="share of integer output elements that may differ")] = None,

@@ -110,16 +110,20 @@ def tune_cmd(
     concurrency: Annotated[
         int, typer.Option(help="perf_analyzer concurrency (use the gate's)")
     ] = settings.DEFAULT_CONCURRENCY,
-    window_ms: Annotated[int, typer.Option(help="perf_analyzer measurement window")] = 1000,
+    window_ms: Annotated[int, typer.Option(help="perf_analyzer measurement window")] = settings.DEFAULT_WINDOW_MS,
     stability_pct: Annotated[
         float, typer.Option(help="perf_analyzer stability threshold, %; the default takes any three windows")
     ] = RELAXED_STABILITY_PCT,
     max_p99_ms: Annotated[
         float | None, typer.Option(help="p99 limit; default: the default settings' p99 + slack")
     ] = None,
-    p99_slack_pct: Annotated[float, typer.Option(help="how much p99 may grow over the default's")] = 10.0,
-    budget: Annotated[int, typer.Option(help="settings measured at most")] = 16,
-    min_gain_pct: Annotated[float, typer.Option(help="smallest throughput gain that moves the search")] = 5.0,
+    p99_slack_pct: Annotated[
+        float, typer.Option(help="how much p99 may grow over the default's")
+    ] = settings.DEFAULT_TUNE_P99_SLACK_PCT,
+    budget: Annotated[int, typer.Option(help="settings measured at most")] = settings.DEFAULT_TUNE_BUDGET,
+    min_gain_pct: Annotated[
+        float, typer.Option(help="smallest throughput gain that moves the search")
+    ] = settings.DEFAULT_TUNE_MIN_GAIN_PCT,
     instance_counts: Annotated[
         str,
         typer.Option(help="instance counts tried, comma-separated, for the model and for an ensemble's pre/post steps"),

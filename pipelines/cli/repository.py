@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from components import settings
 from pipelines.cli.common import (
     EndpointOption,
     ModelOption,
@@ -79,7 +80,7 @@ def repo_gc(
     repository: RepositoryOption,
     grace: Annotated[
         float, typer.Option(help="seconds an incomplete version is left alone (a publish may be running)")
-    ] = 3600,
+    ] = settings.DEFAULT_CLEANUP_GRACE_S,
     dry_run: Annotated[bool, typer.Option(help="only list what would be removed")] = False,
     keep: Annotated[
         int | None, typer.Option(help="also retire sealed versions beyond the newest KEEP (never a served one)")
