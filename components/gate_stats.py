@@ -10,9 +10,9 @@ What is compared
 The statistic: per round, then a trimmed mean over rounds
     - Each round gives one paired figure: the candidate's p99 over the stable's p99 of that round (its
       ~45th slowest of ~4,500 requests each), and the same for throughput; absolute limits use the
-      candidate's own round figures. On this machine a round's p99 moves between 2 and 4.6 ms while
-      the duet ratio of the same round stays within about ±10%: pairing inside the round is what
-      removes the machine's noise.
+      candidate's own round figures. A round's p99 moves with whatever else the machine does, while
+      the duet ratio of the same round moves far less: pairing inside the round is what removes the
+      machine's noise (benchmarks/README.md, gate quality, has the figures).
     - The rounds are combined as the **20% trimmed mean of the log ratios**. Logs make ratios
       symmetric (x2 and x0.5 are equally far from 1). Trimming is there for the bursts of a busy
       machine: a burst of other work that lands on one perf_analyzer or one backend process makes
@@ -24,10 +24,9 @@ The statistic: per round, then a trimmed mean over rounds
 The interval: Yuen's t-interval for the trimmed mean
     Standard error from the winsorized variance, Student's t with (rounds - 2 x trimmed - 1) degrees of
     freedom, 90% two-sided. Rounds are the independent units (requests of one round share its noise),
-    and t with few degrees of freedom widens the interval honestly when there are few rounds. On
-    recorded A/A duets of this machine (16 rounds with steady traffic on the production replicas,
-    benchmarks/README.md) the 90% intervals covered the truth in 95-99% of subsets of 5, 8 and 12
-    rounds; with 8 rounds 96% of them already lay within ±10%.
+    and t with few degrees of freedom widens the interval honestly when there are few rounds. How
+    often the intervals of recorded A/A duets covered the truth, by the number of rounds, is in
+    benchmarks/README.md.
 
 The decision (sequential)
     Each effect is `within` its limit when the whole interval is on the good side, `beyond` when the
