@@ -82,7 +82,10 @@ def model_folder(
     (tmp_path / label).mkdir()
     if gpu_base is None:
         return mlp_folder(tmp_path / label, name, delay_us=delay_us, per_iteration_us=per_iteration_us)
-    folder = shutil.copytree(gpu_base, tmp_path / label / MODEL)
+    folder = shutil.copytree(gpu_base, tmp_path / label / name)
+    if name != MODEL:  # the probe: its config names it as its folder does, or Triton cannot poll it
+        config = model_config.parse_pbtxt((folder / "config.pbtxt").read_text())
+        (folder / "config.pbtxt").write_text(model_config.to_pbtxt(model_config.renamed(config, name)))
     if delay_us:
         import torch
 

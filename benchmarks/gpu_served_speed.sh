@@ -113,8 +113,8 @@ bert4rec() {
 # The gate's A/A and +25% trials on the GPU (benchmarks/gate_quality.py --gpu); arguments go to it.
 gate() {
   unpack || exit 0
-  python3 benchmarks/gate_quality.py --gpu --designs duet --out "$OUT/gate_quality_gpu.json" "$@" 2>&1 \
-    | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace" | tee "$OUT/gate_quality_gpu.log"
+  python3 benchmarks/gate_quality.py --gpu --designs duet --out "$OUT/gate_quality_gpu_pytorch_backend.json" "$@" 2>&1 \
+    | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace" | tee "$OUT/gate_quality_gpu_pytorch_backend.log"
 }
 
 "$@"
