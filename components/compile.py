@@ -33,11 +33,19 @@ from components.errors import TritonshipError
 from components.export import ExportedModel, read_export
 from components.model_config import validate_model_name
 from components.parity import DEFAULT_TOLERANCES, OutputParity, Tolerance, compare, parity_table
-from components.settings import DEFAULT_COMPILE_DEVICE, DEFAULT_PRECISION, DEFAULT_TARGET, Precision, Target
-from components.signature import FLOAT_DTYPES, Signature, concrete_shape
+from components.settings import (
+    DEFAULT_COMPILE_DEVICE,
+    DEFAULT_PRECISION,
+    DEFAULT_TARGET,
+    DEFAULT_TENSORRT_OPT_BATCH,
+    DEFAULT_TENSORRT_WORKSPACE_GB,
+    Precision,
+    Target,
+)
+from components.signature import FLOAT_DTYPES, POINTS, Signature
+from components.step_settings import TARGETS
 
 LOG = log.get("compile")
-TARGETS: tuple[str, ...] = ("torchscript", "tensorrt")
 COMPILE_IMAGE_HINT = "run the compile step in the compile image (images/compile.Dockerfile, NGC pytorch:<YY.MM>-py3)"
 
 
@@ -62,22 +70,17 @@ def tensorrt_compile_settings(
     Kept apart from the call so that the settings are tested where TensorRT does not exist. On the
     dynamo path `enabled_precisions` is ignored: low precision comes from autocast.
     """
-    import_free_inputs = []
-    for spec in signature.inputs:
-        if any(d == -1 for d in (spec.shape[1:] if signature.batch else spec.shape)):
-            raise CompileError(
-                f"input '{spec.name}' has a dynamic dimension besides the batch ({list(spec.shape)}); the tensorrt "
-                "target needs fixed non-batch dimensions."
-            )
-        if signature.batch:
-            shapes = {
-                "min_shape": concrete_shape(spec.shape, 1, True),
-                "opt_shape": concrete_shape(spec.shape, min(opt_batch, signature.max_batch_size), True),
-                "max_shape": concrete_shape(spec.shape, signature.max_batch_size, True),
-            }
-        else:
-            shapes = {"min_shape": spec.shape, "opt_shape": spec.shape, "max_shape": spec.shape}
-        import_free_inputs.append({**shapes, "dtype": spec.torch_dtype, "name": spec.name})
+    # one optimisation profile: the batch from 1 over opt_batch to max_batch_size, every other dynamic
+    # dimension over its declared range (min, opt, max)
+    batches = {"min": 1, "opt": min(opt_batch, signature.max_batch_size), "max": signature.max_batch_size}
+    import_free_inputs = [
+        {
+            **{f"{point}_shape": signature.shape_at(spec, batches[point], point) for point in POINTS},
+            "dtype": spec.torch_dtype,
+            "name": spec.name,
+        }
+        for spec in signature.inputs
+    ]
     settings: dict[str, Any] = {
         "ir": "dynamo",
         "inputs_spec": import_free_inputs,
@@ -275,8 +278,8 @@ def compile_model(
     precision: Precision = DEFAULT_PRECISION,
     device: str = DEFAULT_COMPILE_DEVICE,
     tolerance: Tolerance | None = None,
-    opt_batch: int = 8,
-    workspace_gb: float = 2.0,
+    opt_batch: int = DEFAULT_TENSORRT_OPT_BATCH,
+    workspace_gb: float = DEFAULT_TENSORRT_WORKSPACE_GB,
 ) -> CompileResult:
     """The compile step: compile, check parity, write the Triton model folder. Nothing is written on failure."""
     if target not in TARGETS:

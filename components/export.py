@@ -41,9 +41,9 @@ from components import log, trace_retarget
 from components.model_folder import load_checks, load_golden, save_checks, save_golden
 from components.model_source import ExportError, first_line, load_model
 from components.s3repo import S3Settings
-from components.settings import DEFAULT_GOLDEN_SAMPLES
+from components.settings import DEFAULT_EXPORT_METHOD, DEFAULT_GOLDEN_SAMPLES
 from components.settings import ExportMethod as Method
-from components.signature import Signature, SignatureError, check_tensor, dtype_name
+from components.signature import POINTS, Signature, SignatureError, check_tensor, dtype_name
 
 LOG = log.get("export")
 EXPORTED_PROGRAM_FILE = "exported.pt2"
@@ -53,8 +53,6 @@ SIGNATURE_FILE = "signature.yaml"
 GOLDEN_FILE = "golden.npz"
 CHECKS_FILE = "checks.npz"
 # dynamic dimensions other than the batch: the golden samples' size, and two more sizes compile checks
-GOLDEN_DYNAMIC_SIZE = 8
-CHECK_DYNAMIC_SIZES = (3, 13)
 
 
 @dataclass(frozen=True)
@@ -162,20 +160,22 @@ def _as_tuple(result: Any) -> tuple[Any, ...]:
 
 # ------------------------------------------------------------------------------------ exporting
 def check_shapes(signature: Signature) -> dict[str, dict[str, np.ndarray]]:
-    """Inputs at the shapes compile must get right: batch 1, an odd batch, max_batch_size, and two
-    sizes of every dynamic dimension besides the batch (at batch 2)."""
-    if not signature.batch:
-        sets = {}
-    else:
+    """Inputs at the shapes compile must get right: batch 1, an odd batch and max_batch_size, each with every
+    dynamic dimension besides the batch at its range's min, opt and max (a size fixed in by tracing shows at
+    either end)."""
+    if signature.batch:
         largest = signature.max_batch_size
-        sizes = sorted({1, min(3, largest) if largest % 2 == 0 or largest < 3 else max(1, largest - 2), largest})
-        sets = {
-            f"batch {b}": signature.example_inputs(b, seed=100 + b, dynamic_size=GOLDEN_DYNAMIC_SIZE) for b in sizes
-        }
-    if signature.has_dynamic_dims:
-        batch = min(2, signature.max_batch_size) if signature.batch else 1
-        for size in CHECK_DYNAMIC_SIZES:
-            sets[f"dynamic dims {size}"] = signature.example_inputs(batch, seed=200 + size, dynamic_size=size)
+        batches = sorted({1, min(3, largest) if largest % 2 == 0 or largest < 3 else max(1, largest - 2), largest})
+    else:
+        batches = [1]
+    points = POINTS if signature.has_dynamic_dims else ("opt",)
+    sets = {}
+    for point in points:
+        for b in batches:
+            label = f"batch {b}" if signature.batch else "unbatched"
+            if signature.has_dynamic_dims:
+                label += f", {signature.dynamic_lengths(point)} ({point})"
+            sets[label] = signature.example_inputs(b, seed=100 + b + 1000 * POINTS.index(point), dynamic_size=point)
     return sets
 
 
@@ -184,7 +184,7 @@ def export_model(
 ) -> tuple[str, str, str | None]:
     """Save the model; returns (method used, file name, reason torch.export was not used). After a
     torch.export, the eager module is also traced to model.ts for the TorchScript targets (see above)."""
-    example = tuple(torch.from_numpy(a) for a in signature.example_inputs(2, dynamic_size=GOLDEN_DYNAMIC_SIZE).values())
+    example = tuple(torch.from_numpy(a) for a in signature.example_inputs(2).values())
     reason = None
     if isinstance(model, torch.jit.ScriptModule):
         model.save(str(out_dir / TORCHSCRIPT_FILE))
@@ -228,12 +228,19 @@ def _trace(model: nn.Module, example: tuple[torch.Tensor, ...], path: Path) -> N
 
 
 def _dynamic_shapes(signature: Signature) -> tuple[dict[int, Any], ...]:
-    """The batch is dynamic up to max_batch_size; other -1 dimensions are left to torch.export to work out
-    (Dim.AUTO: dynamic, and equal where the model makes them equal, such as ids and their mask)."""
+    """The batch is dynamic up to max_batch_size; a named dimension is one torch.export Dim over its declared
+    range, shared by every input that names it; a bare -1 is left to torch.export to work out (Dim.AUTO:
+    dynamic, and equal where the model makes them equal, such as ids and their mask)."""
     batch = torch.export.Dim("batch", min=1, max=signature.max_batch_size) if signature.batch else None
+    named = {n: torch.export.Dim(n, min=r.min, max=r.max) for n, r in signature.dims.items()}
     shapes = []
     for spec in signature.inputs:
-        dims: dict[int, Any] = {i: torch.export.Dim.AUTO for i, d in enumerate(spec.shape) if d == -1}
+        names = spec.dim_names or (None,) * len(spec.shape)
+        dims: dict[int, Any] = {
+            i: named[name] if name else torch.export.Dim.AUTO
+            for i, (d, name) in enumerate(zip(spec.shape, names, strict=True))
+            if d == -1
+        }
         if batch is not None:
             dims[0] = batch
         shapes.append(dims)
@@ -243,7 +250,7 @@ def _dynamic_shapes(signature: Signature) -> tuple[dict[int, Any], ...]:
 def golden_inputs(signature: Signature, samples: int, supplied: Path | None) -> dict[str, np.ndarray]:
     """The user's samples (an .npz keyed by input name), checked, or valid random ones."""
     if supplied is None:
-        return signature.example_inputs(samples if signature.batch else 1, seed=1234, dynamic_size=GOLDEN_DYNAMIC_SIZE)
+        return signature.example_inputs(samples if signature.batch else 1, seed=1234)  # dynamic dims at their opt
     try:
         with np.load(supplied, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
@@ -260,7 +267,7 @@ def export(
     checkpoint: str | None = None,
     golden: Path | None = None,
     samples: int = DEFAULT_GOLDEN_SAMPLES,
-    method: Method = "auto",
+    method: Method = DEFAULT_EXPORT_METHOD,
     s3: S3Settings | None = None,
 ) -> ExportResult:
     """The export step. Writes `out_dir` only once everything is checked."""

@@ -37,7 +37,7 @@ class OutputParity:
     max_abs_err: float
     max_rel_err: float
     mismatch_fraction: float
-    check: str  # which inputs: "golden", "batch N" or "dynamic dims N"
+    check: str  # which inputs: "golden", "batch N" or "batch N, length L (opt)"
 
 
 def compare(name: str, got: np.ndarray, want: np.ndarray, tol: Tolerance, check: str) -> OutputParity:

@@ -34,6 +34,7 @@ from components.replicas import Replica
 from components.repository import ModelRepository, candidate_name, lease_owner
 from components.results import PromoteResult, ReplicaOutcome
 from components.s3repo import S3Error, S3Settings
+from components.settings import DEFAULT_LOAD_TIMEOUT_S
 from components.stage import CandidateVersion, read_candidate, served_accuracy
 from components.triton_admin import TritonAdmin
 
@@ -112,7 +113,7 @@ def promote(
     s3: S3Settings | None = None,
     run_id: str = "",
     progress: Progress | None = None,
-    load_timeout: float = 300.0,
+    load_timeout: float = DEFAULT_LOAD_TIMEOUT_S,
 ) -> PromoteResult:
     if verdict != "pass":
         raise PromotionError(f"the gate verdict is '{verdict}', not 'pass': nothing is promoted.")

@@ -122,8 +122,10 @@ def how_measured(result: GateResult) -> str:
         if groups
         else ""
     )
+    shapes = settings.get("request_shapes")
+    shaped = f", requests of {', '.join(f'{k} {v}' for k, v in shapes.items())}" if shapes else ""
     return (
-        f"{settings.get('design', '?')} design{where}, {load}, windows of {settings.get('window_ms')} ms; "
+        f"{settings.get('design', '?')} design{where}, {load}{shaped}, windows of {settings.get('window_ms')} ms; "
         f"{result.rounds} rounds ({attempts} perf_analyzer attempts), {result.measurement_seconds:.1f} s of "
         f"measurement; {result.stopped or 'not measured'}."
     )

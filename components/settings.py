@@ -1,8 +1,9 @@
-"""The gate's settings: named defaults, one rule for "limit off", validation where they are built.
+"""Every step's named defaults, the flat parameter tables a person sets, and the gate's settings.
 
-GATE_PARAMETERS is the flat form a person sets: the `tritonship gate` options and the KFP pipeline's
-parameters take their names, defaults and help from it, and tests/test_settings.py checks that the
-three agree. A limit or rate of 0 is off, in every form (None is off too, from Python)."""
+A step's table (GATE_PARAMETERS here, the others in components/step_settings.py) is the flat form of its
+settings type: the `tritonship` options and the KFP pipeline's parameters take their names, defaults and
+help from it, and tests/test_settings.py checks that the three agree. A limit or rate of 0 is off, in
+every form (None is off too, from Python)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,11 @@ DEFAULT_TUNE_BUDGET = 16  # tune: settings measured at most (two confirmation ru
 DEFAULT_TUNE_P99_SLACK_PCT = 10.0  # tune: how much p99 may grow over the default's when no limit is given
 DEFAULT_TUNE_MIN_GAIN_PCT = 5.0  # tune: the smallest throughput gain that moves the search
 DEFAULT_CLEANUP_GRACE_S = 3600.0  # repo gc: how old an unsealed version must be before it is removed
+DEFAULT_LEASE_S = 3600.0  # stage, tune, gate, promote: how long a release lease lasts unless renewed
+DEFAULT_LOAD_TIMEOUT_S = 300.0  # stage, promote: how long one model load may take on a server
+DEFAULT_EXPORT_METHOD: ExportMethod = "auto"
+DEFAULT_TENSORRT_OPT_BATCH = 8  # compile: the batch size TensorRT optimises for
+DEFAULT_TENSORRT_WORKSPACE_GB = 2.0
 # Where it differs from the CLI on purpose: the pipeline compiles on a GPU node, with Torch-TensorRT in fp16
 # (what production serves fastest); the CLI on the machine it runs on, TorchScript in fp32 (no GPU needed).
 DEFAULT_TARGET: Target = "torchscript"
@@ -50,12 +56,48 @@ DEFAULT_COMPILE_DEVICE = "cpu"
 PIPELINE_TARGET: Target = "tensorrt"
 PIPELINE_PRECISION: Precision = "fp16"
 PIPELINE_COMPILE_DEVICE = "cuda"
+PIPELINE_DIFFERENCES: dict[str, Any] = {
+    "compile_target": PIPELINE_TARGET,
+    "precision": PIPELINE_PRECISION,
+    "compile_device": PIPELINE_COMPILE_DEVICE,
+}
 
 
 @dataclass(frozen=True)
 class Parameter:
+    """One setting as a person sets it: a `tritonship` option of the step's command and a pipeline parameter."""
+
     default: Any
     help: str
+    pipeline: str | None = ""  # its name among the pipeline's parameters: "" the same name, None not one
+    cli: bool = True  # an option of the step's `tritonship` command
+
+    def pipeline_name(self, name: str) -> str | None:
+        return name if self.pipeline == "" else self.pipeline
+
+    def pipeline_default(self, name: str) -> Any:
+        return PIPELINE_DIFFERENCES.get(self.pipeline_name(name) or "", self.default)
+
+
+def typed_flat(table: dict[str, Parameter], flat: dict[str, Any], what: str) -> dict[str, Any]:
+    """A flat form's values by the table (as KFP hands them over, text or floats for whole numbers become the
+    default's type); missing names take their default; an unknown name or a value of the wrong type is refused."""
+    unknown = sorted(set(flat) - set(table))
+    if unknown:
+        raise ValueError(f"invalid {what} settings: no parameter named {', '.join(unknown)}")
+    values = {}
+    for name, parameter in table.items():
+        value, kind = flat.get(name, parameter.default), type(parameter.default)
+        try:
+            if value is None or parameter.default is None:
+                values[name] = value
+            elif kind is bool:
+                values[name] = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+            else:
+                values[name] = int(float(value)) if kind is int else kind(value)
+        except ValueError:
+            raise ValueError(f"invalid {what} settings: {name} must be a {kind.__name__}, not {value!r}") from None
+    return values
 
 
 GATE_PARAMETERS: dict[str, Parameter] = {
@@ -143,10 +185,7 @@ class GateSettings:
     def from_flat(cls, **flat: Any) -> GateSettings:
         """From GATE_PARAMETERS' flat form (CLI options, KFP parameters; values may come as text or floats
         from KFP): missing names take their default, a limit or rate of 0 or None is off."""
-        unknown = sorted(set(flat) - set(GATE_PARAMETERS))
-        if unknown:
-            raise ValueError(f"invalid gate settings: no parameter named {', '.join(unknown)}")
-        values = {name: _typed(name, flat.get(name, p.default)) for name, p in GATE_PARAMETERS.items()}
+        values = typed_flat(GATE_PARAMETERS, flat, "gate")
         off = lambda v: v if v else None  # noqa: E731
         thresholds = Thresholds(
             *(
@@ -172,13 +211,3 @@ class GateSettings:
             window_ms=self.window_ms,
             stability_pct=RELAXED_STABILITY_PCT,
         )
-
-
-def _typed(name: str, value: Any) -> Any:
-    kind = type(GATE_PARAMETERS[name].default)
-    if value is None:
-        return None
-    try:
-        return int(float(value)) if kind is int else kind(value)
-    except ValueError:
-        raise ValueError(f"invalid gate settings: {name} must be a {kind.__name__}, not {value!r}") from None

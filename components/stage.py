@@ -19,6 +19,7 @@ from components.parity import OutputParity, Tolerance, compare, parity_table
 from components.repository import ModelRepository, candidate_name, lease_owner
 from components.results import StageResult
 from components.s3repo import S3Settings
+from components.settings import DEFAULT_LOAD_TIMEOUT_S
 from components.signature import Signature
 from components.triton_admin import TritonAdmin, TritonError, TritonUnreachable
 
@@ -109,7 +110,7 @@ def stage(
     s3: S3Settings | None = None,
     tolerance: Tolerance | None = None,
     run_id: str = "",
-    load_timeout: float = 300.0,
+    load_timeout: float = DEFAULT_LOAD_TIMEOUT_S,
 ) -> StageResult:
     repo = ModelRepository(repository, s3)
     candidate = read_candidate(repo, model, version)

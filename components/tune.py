@@ -28,7 +28,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -39,38 +39,12 @@ from components.model_config import ServingSettings
 from components.repository import ModelRepository, candidate_name
 from components.results import Trial, TuneResult
 from components.s3repo import S3Settings
-from components.settings import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_INSTANCE_COUNTS,
-    DEFAULT_INTRA_OP_THREAD_COUNTS,
-    DEFAULT_TUNE_BUDGET,
-    DEFAULT_TUNE_MIN_GAIN_PCT,
-    DEFAULT_TUNE_P99_SLACK_PCT,
-    RELAXED_STABILITY_PCT,
-)
 from components.stage import CandidateVersion, read_candidate
+from components.step_settings import TuneSettings
 from components.triton_admin import TritonAdmin, TritonError
 
 LOG = log.get("tune")
 WARM_UP_REQUESTS = 20
-
-
-@dataclass(frozen=True)
-class TuneSettings:
-    # perf_analyzer's stability check relaxed, as the gate's: a busy machine's noise must not lose a trial
-    load: perf.LoadSettings = field(
-        default_factory=lambda: perf.LoadSettings(concurrency=DEFAULT_CONCURRENCY, stability_pct=RELAXED_STABILITY_PCT)
-    )
-    max_p99_ms: float | None = None
-    p99_slack_pct: float = DEFAULT_TUNE_P99_SLACK_PCT
-    budget: int = DEFAULT_TUNE_BUDGET
-    min_gain_pct: float = DEFAULT_TUNE_MIN_GAIN_PCT
-    instance_counts: tuple[int, ...] = DEFAULT_INSTANCE_COUNTS
-    intra_op_thread_counts: tuple[int, ...] = DEFAULT_INTRA_OP_THREAD_COUNTS
-    queue_delays_us: tuple[int, ...] = (0, 500, 2000, 8000)
-    # the TorchScript profiling executor on and off; a CPU model keeps its own (tune)
-    optimized_executions: tuple[bool, ...] = (True, False)
-    perf_timeout_s: float = 120.0
 
 
 def default_settings(

@@ -14,42 +14,54 @@ from pipelines.images import image
 
 
 @dsl.component(base_image=image("tools"))
-def export_op(model_source: str, checkpoint: str, signature: str, golden_samples: int, exported: Output[Model]):
+def export_op(model_source: str, checkpoint: str, signature: str, settings: dict, exported: Output[Model]):
     """Load the user's model, check it against the signature, export it with golden samples."""
     import tempfile
     from pathlib import Path
 
     from components.export import export
+    from components.step_settings import ExportSettings
 
+    chosen = ExportSettings.from_flat(**settings["export"])
     with tempfile.TemporaryDirectory() as tmp:
         signature_path = Path(tmp) / "signature.yaml"
         signature_path.write_text(signature)
         result = export(
-            model_source, signature_path, Path(exported.path), checkpoint=checkpoint or None, samples=golden_samples
+            model_source,
+            signature_path,
+            Path(exported.path),
+            checkpoint=checkpoint or None,
+            samples=chosen.golden_samples,
+            method=chosen.method,
         )
     exported.metadata.update({"method": result.method, "fallback_reason": result.fallback_reason or ""})
 
 
 @dsl.component(base_image=image("tools"))
 def export_trained_op(
-    trained: Input[Model], model_factory: str, signature: str, golden_samples: int, exported: Output[Model]
+    trained: Input[Model], model_factory: str, signature: str, settings: dict, exported: Output[Model]
 ):
     """Export a model artifact from a training pipeline: a state_dict for `model_factory`, or a saved model."""
     import tempfile
     from pathlib import Path
 
     from components.export import export
+    from components.step_settings import ExportSettings
 
+    chosen = ExportSettings.from_flat(**settings["export"])
     source = Path(trained.path)
     with tempfile.TemporaryDirectory() as tmp:
         signature_path = Path(tmp) / "signature.yaml"
         signature_path.write_text(signature)
-        if model_factory:
-            result = export(
-                model_factory, signature_path, Path(exported.path), checkpoint=str(source), samples=golden_samples
-            )
-        else:
-            result = export(str(source), signature_path, Path(exported.path), samples=golden_samples)
+        model, checkpoint = (model_factory, str(source)) if model_factory else (str(source), None)
+        result = export(
+            model,
+            signature_path,
+            Path(exported.path),
+            checkpoint=checkpoint,
+            samples=chosen.golden_samples,
+            method=chosen.method,
+        )
     exported.metadata.update({"method": result.method, "fallback_reason": result.fallback_reason or ""})
 
 
@@ -57,9 +69,7 @@ def export_trained_op(
 def compile_op(
     exported: Input[Model],
     model_name: str,
-    target: str,
-    precision: str,
-    device: str,
+    settings: dict,
     compiled: Output[Model],
     parity: Output[Metrics],
 ):
@@ -67,12 +77,14 @@ def compile_op(
     from pathlib import Path
 
     from components.compile import compile_model
+    from components.step_settings import CompileSettings
 
-    result = compile_model(Path(exported.path), Path(compiled.path), model_name, target, precision, device)
+    chosen = CompileSettings.from_flat(**settings["compile"])
+    result = compile_model(Path(exported.path), Path(compiled.path), model_name, **chosen.step_arguments())
     for row in result.parity:
         parity.log_metric(f"{row.name}.{row.check}.max_abs_err", row.max_abs_err)
     parity.log_metric("compile_seconds", round(result.seconds, 3))
-    compiled.metadata.update({"target": target, "precision": precision, "device": result.device})
+    compiled.metadata.update({"target": chosen.target, "precision": chosen.precision, "device": result.device})
 
 
 @dsl.component(base_image=image("tools"))
@@ -91,14 +103,23 @@ def publish_op(compiled: Input[Model], repository: str, s3_endpoint: str, run_id
 
 
 @dsl.component(base_image=image("tools"))
-def stage_op(repository: str, model_name: str, version: int, gate: str, s3_endpoint: str, run_id: str) -> str:
+def stage_op(
+    repository: str, model_name: str, version: int, gate: str, s3_endpoint: str, run_id: str, settings: dict
+) -> str:
     """Load the candidate dark on the gate server; check its answers. Returns the stage result (JSON)."""
     from components.replicas import resolve
     from components.s3repo import S3Settings
     from components.stage import stage
+    from components.step_settings import ModelLoadSettings
 
     result = stage(
-        repository, model_name, int(version), resolve(gate)[0].url, s3=S3Settings.from_env(s3_endpoint), run_id=run_id
+        repository,
+        model_name,
+        int(version),
+        resolve(gate)[0].url,
+        s3=S3Settings.from_env(s3_endpoint),
+        run_id=run_id,
+        load_timeout=ModelLoadSettings.from_flat(**settings["load"]).load_timeout_s,
     )
     return result.to_json()
 
@@ -112,9 +133,7 @@ def tune_op(
     stage_result: str,
     s3_endpoint: str,
     run_id: str,
-    enabled: bool,
-    budget: int,
-    gate_settings: dict,
+    settings: dict,
     report: Output[Markdown],
 ) -> str:
     """Search the candidate's serving settings on the gate (config overrides; S3 untouched). Returns the
@@ -127,14 +146,13 @@ def tune_op(
     from components.results import StageResult
     from components.s3repo import S3Settings
     from components.settings import GateSettings
-    from components.tune import TuneSettings, tune
+    from components.step_settings import TuneSettings
+    from components.tune import tune
 
     staged = StageResult.from_json(stage_result)
-    gating = GateSettings.from_flat(**gate_settings)  # tuned at the gate's load, within its p99 limit
-    settings = TuneSettings(
-        load=gating.load,
-        max_p99_ms=gating.thresholds.max_p99_ms,
-        budget=budget,
+    gating = GateSettings.from_flat(**settings["gate"])  # tuned at the gate's load, within its p99 limit
+    tuning = TuneSettings.from_flat(
+        load=gating.load, **{**settings["tune"], "max_p99_ms": gating.thresholds.max_p99_ms or 0.0}
     )
     server = resolve(gate)[0]  # a k8s:// gate also gives its metrics endpoint: GPU/CPU figures per trial
     result = tune(
@@ -142,10 +160,10 @@ def tune_op(
         model_name,
         int(version),
         server.url,
-        settings,
+        tuning,
         s3=S3Settings.from_env(s3_endpoint),
         run_id=run_id,
-        enabled=enabled and staged.accuracy_passed,
+        enabled=tuning.enabled and staged.accuracy_passed,
         metrics_url=server.metrics_url,
     )
     text = result.to_json()
@@ -154,11 +172,12 @@ def tune_op(
 
 
 @dsl.component(base_image=image("tools"))
-def gate_settings_op(flat: dict) -> dict:
-    """Check the gate's parameters before anything runs: a wrong one fails here, not after the GPU compile."""
-    from components.settings import GateSettings
+def settings_op(flat: dict) -> dict:
+    """Every step's settings from the pipeline's parameters, checked before anything runs: a wrong one fails
+    here, not after the GPU compile. Returns each step's flat settings by step (export, compile, load, tune, gate)."""
+    from components.step_settings import pipeline_settings
 
-    return GateSettings.from_flat(**flat).to_flat()
+    return pipeline_settings(flat)
 
 
 @dsl.component(base_image=image("gate"))
@@ -171,7 +190,7 @@ def gate_op(
     tuning_json: str,
     s3_endpoint: str,
     run_id: str,
-    gate_settings: dict,
+    settings: dict,
     metrics: Output[Metrics],
     report: Output[Markdown],
     report_html: Output[HTML],
@@ -187,7 +206,6 @@ def gate_op(
     from components.s3repo import S3Settings
     from components.settings import GateSettings
 
-    settings = GateSettings.from_flat(**gate_settings)
     with tempfile.TemporaryDirectory() as tmp:
         server = resolve(gate)[0]
         result = run_gate(
@@ -195,7 +213,7 @@ def gate_op(
             model_name,
             int(version),
             server.url,
-            settings,
+            GateSettings.from_flat(**settings["gate"]),
             StageResult.from_json(stage_result),
             Path(tmp),
             s3=S3Settings.from_env(s3_endpoint),
@@ -227,12 +245,14 @@ def promote_op(
     tuning_json: str,
     s3_endpoint: str,
     run_id: str,
+    settings: dict,
 ):
     """Rolling reload of every production replica with the tuned settings; reverts and fails on any error."""
     from components.promote import promote
     from components.replicas import resolve
     from components.results import TuneResult, Verdict
     from components.s3repo import S3Settings
+    from components.step_settings import ModelLoadSettings
 
     verdict = Verdict.from_json(verdict_json).verdict
     promote(
@@ -245,6 +265,7 @@ def promote_op(
         settings=TuneResult.from_json(tuning_json).chosen,
         s3=S3Settings.from_env(s3_endpoint),
         run_id=run_id,
+        load_timeout=ModelLoadSettings.from_flat(**settings["load"]).load_timeout_s,
     )
 
 

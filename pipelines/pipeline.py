@@ -6,24 +6,27 @@ very same functions in this environment. Secrets never pass through parameters: 
 from a Kubernetes Secret as environment variables (kfp-kubernetes), or from the environment locally.
 """
 
+from typing import Any
+
 from kfp import dsl, kubernetes
 from kfp.dsl import Input, Model
 
-from components import admin_key, settings
-from components.settings import GATE_PARAMETERS
+from components import admin_key
+from components.step_settings import pipeline_parameters
 from pipelines.kfp_components import (
     compile_op,
     export_op,
     finish_release_op,
     gate_op,
-    gate_settings_op,
     promote_op,
     publish_op,
     reject_op,
+    settings_op,
     stage_op,
     tune_op,
 )
 
+STEP = pipeline_parameters()
 AWS_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
 ADMIN_SECRET_KEYS = {"admin-key": admin_key.ENV}  # the Secret the Helm chart's Tritons take their admin key from
 # One line: KFP copies defaults into the compiled file's header comment, and a multi-line default breaks it.
@@ -56,9 +59,7 @@ def release_steps(
     admin_secret_name: str,
     replicas: str,
     gate: str,
-    gate_settings: dict,
-    tune: bool,
-    tune_budget: int,
+    settings: dict,
 ):
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
     cleanup = _with_secrets(
@@ -82,6 +83,7 @@ def release_steps(
                 gate=gate,
                 s3_endpoint=s3_endpoint,
                 run_id=run_id,
+                settings=settings,
             ),
             aws_secret_name,
             admin_secret_name,
@@ -95,9 +97,7 @@ def release_steps(
                 stage_result=staged.output,
                 s3_endpoint=s3_endpoint,
                 run_id=run_id,
-                enabled=tune,
-                budget=tune_budget,
-                gate_settings=gate_settings,
+                settings=settings,
             ),
             aws_secret_name,
             admin_secret_name,
@@ -112,7 +112,7 @@ def release_steps(
                 tuning_json=tuned.outputs["Output"],
                 s3_endpoint=s3_endpoint,
                 run_id=run_id,
-                gate_settings=gate_settings,
+                settings=settings,
             ),
             aws_secret_name,
             admin_secret_name,
@@ -129,6 +129,7 @@ def release_steps(
                     tuning_json=tuned.outputs["Output"],
                     s3_endpoint=s3_endpoint,
                     run_id=run_id,
+                    settings=settings,
                 ),
                 aws_secret_name,
                 admin_secret_name,
@@ -152,20 +153,12 @@ def release_steps(
 def _compile_task(
     exported: dsl.PipelineTask,
     model_name: str,
-    target: str,
-    precision: str,
-    device: str,
+    settings: Any,  # the settings step's output
     gpu_count: int,
     gpu_node_selector: dict,
     gpu_tolerations: list,
 ) -> dsl.PipelineTask:
-    task = compile_op(
-        exported=exported.outputs["exported"],
-        model_name=model_name,
-        target=target,
-        precision=precision,
-        device=device,
-    )
+    task = compile_op(exported=exported.outputs["exported"], model_name=model_name, settings=settings)
     task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(gpu_count)
     kubernetes.add_node_selector_json(task, gpu_node_selector)
     kubernetes.add_toleration_json(task, gpu_tolerations)
@@ -179,10 +172,6 @@ Args:
     checkpoint: a state_dict for it (local path or s3:// URI); empty for none
     signature: the I/O signature (YAML or JSON): input and output names, dtypes, shapes, batching
     model_name: the name production serves the model under
-    golden_samples: golden input samples kept for the accuracy checks
-    compile_target: tensorrt or torchscript (tensorrt here on a GPU node; the CLI's default is torchscript)
-    precision: fp32, fp16 or bf16 (bf16 with tensorrt only)
-    compile_device: cuda or cpu
     gpu_count: GPUs the compile step asks for
     gpu_node_selector: node selector of the compile step
     gpu_tolerations: tolerations of the compile step
@@ -192,8 +181,6 @@ Args:
     admin_secret_name: Kubernetes Secret with the Tritons' admin key (key admin-key)
     replicas: production replicas, host:port,... or k8s://namespace/label-selector
     gate: the gate server, in the same forms
-    tune: search the candidate's serving settings on the gate before the gate measures it
-    tune_budget: settings the tune step measures at most
 """
 
 
@@ -202,10 +189,6 @@ def release_pipeline(
     checkpoint: str = "",
     signature: str = DEFAULT_SIGNATURE,
     model_name: str = "model",
-    golden_samples: int = settings.DEFAULT_GOLDEN_SAMPLES,
-    compile_target: str = settings.PIPELINE_TARGET,
-    precision: str = settings.PIPELINE_PRECISION,
-    compile_device: str = settings.PIPELINE_COMPILE_DEVICE,
     gpu_count: int = 1,
     gpu_node_selector: dict = {"nvidia.com/gpu.present": "true"},  # noqa: B006 (KFP parameter default)
     gpu_tolerations: list = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],  # noqa: B006
@@ -215,28 +198,39 @@ def release_pipeline(
     admin_secret_name: str = "tritonship-triton-admin",
     replicas: str = "k8s://triton/app.kubernetes.io/component=production",
     gate: str = "k8s://triton/app.kubernetes.io/component=gate",
-    concurrency: int = settings.DEFAULT_CONCURRENCY,
-    request_rate: float = 0.0,
-    window_ms: int = settings.DEFAULT_WINDOW_MS,
-    design: str = settings.DEFAULT_DESIGN,
-    min_rounds: int = settings.DEFAULT_MIN_ROUNDS,
-    budget_s: float = settings.DEFAULT_BUDGET_S,
-    max_p99_ms: float = 0.0,
-    min_throughput: float = 0.0,
-    max_p99_regression_pct: float = settings.DEFAULT_MAX_REGRESSION_PCT,
-    max_throughput_regression_pct: float = settings.DEFAULT_MAX_REGRESSION_PCT,
-    tune: bool = True,
-    tune_budget: int = settings.DEFAULT_TUNE_BUDGET,
+    # every step's settings: names, defaults and help from components/step_settings.py's tables
+    golden_samples: int = STEP["golden_samples"].default,
+    export_method: str = STEP["export_method"].default,
+    compile_target: str = STEP["compile_target"].pipeline_default("compile_target"),
+    precision: str = STEP["precision"].pipeline_default("precision"),
+    compile_device: str = STEP["compile_device"].pipeline_default("compile_device"),
+    tensorrt_opt_batch: int = STEP["tensorrt_opt_batch"].default,
+    tensorrt_workspace_gb: float = STEP["tensorrt_workspace_gb"].default,
+    load_timeout_s: float = STEP["load_timeout_s"].default,
+    tune: bool = STEP["tune"].default,
+    tune_budget: int = STEP["tune_budget"].default,
+    tune_p99_slack_pct: float = STEP["tune_p99_slack_pct"].default,
+    tune_min_gain_pct: float = STEP["tune_min_gain_pct"].default,
+    tune_instance_counts: str = STEP["tune_instance_counts"].default,
+    tune_intra_op_threads: str = STEP["tune_intra_op_threads"].default,
+    concurrency: int = STEP["concurrency"].default,
+    request_rate: float = STEP["request_rate"].default,
+    window_ms: int = STEP["window_ms"].default,
+    design: str = STEP["design"].default,
+    min_rounds: int = STEP["min_rounds"].default,
+    budget_s: float = STEP["budget_s"].default,
+    max_p99_ms: float = STEP["max_p99_ms"].default,
+    min_throughput: float = STEP["min_throughput"].default,
+    max_p99_regression_pct: float = STEP["max_p99_regression_pct"].default,
+    max_throughput_regression_pct: float = STEP["max_throughput_regression_pct"].default,
 ):
-    given = locals()  # the gate's parameters travel as one dict, checked before anything runs
-    gating = gate_settings_op(flat={name: given[name] for name in GATE_PARAMETERS})
+    given = locals()  # the steps' settings travel as one dict, checked before anything runs
+    checked = settings_op(flat={name: given[name] for name in STEP})
     exported = _with_s3_secret(
-        export_op(model_source=model_source, checkpoint=checkpoint, signature=signature, golden_samples=golden_samples),
+        export_op(model_source=model_source, checkpoint=checkpoint, signature=signature, settings=checked.output),
         aws_secret_name,
-    ).after(gating)
-    compiled = _compile_task(
-        exported, model_name, compile_target, precision, compile_device, gpu_count, gpu_node_selector, gpu_tolerations
     )
+    compiled = _compile_task(exported, model_name, checked.output, gpu_count, gpu_node_selector, gpu_tolerations)
     release_steps(
         compiled=compiled.outputs["compiled"],
         model_name=model_name,
@@ -246,13 +240,11 @@ def release_pipeline(
         admin_secret_name=admin_secret_name,
         replicas=replicas,
         gate=gate,
-        gate_settings=gating.output,
-        tune=tune,
-        tune_budget=tune_budget,
+        settings=checked.output,
     )
 
 
-# The compiled pipeline carries each parameter's description (the UI shows it); the gate's come from
-# components/settings.py like the CLI's.
-release_pipeline.__doc__ = RELEASE_ARGS + "".join(f"    {n}: {p.help}\n" for n, p in GATE_PARAMETERS.items())
+# The compiled pipeline carries each parameter's description (the UI shows it); the steps' come from their
+# tables like the CLI's.
+release_pipeline.__doc__ = RELEASE_ARGS + "".join(f"    {n}: {p.help}\n" for n, p in STEP.items())
 release_pipeline = dsl.pipeline(name="tritonship-release")(release_pipeline)

@@ -172,6 +172,21 @@ def mlp_folder(
     )
 
 
+class TargetIndex(nn.Module):
+    """Scores the item at a position the request names: `target_idx` must stay below the history's length."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(30, 8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, items: torch.Tensor, target_idx: torch.Tensor) -> torch.Tensor:
+        context = torch.cumsum(self.embed(items), dim=1)  # each position sees the history up to it
+        picked = context.gather(1, target_idx.unsqueeze(-1).expand(-1, -1, context.size(-1))).squeeze(1)
+        return self.head(picked)
+
+
 def upload_folder(client, bucket: str, folder: Path, prefix: str) -> None:
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder)}")
@@ -195,6 +210,32 @@ DYNAMIC_LENGTH_SIGNATURE = {
     "inputs": [{"name": "sequence", "dtype": "fp32", "shape": [-1, -1, 6]}],
     "outputs": [{"name": "scores", "dtype": "fp32", "shape": [-1, 3]}],
 }
+# Dynamic dimensions with a declared range (the seed's min/opt/max): checked at each end and served.
+BERT4REC_DYNAMIC_LENGTH_SIGNATURE = {
+    "batch": True,
+    "max_batch_size": bert4rec.DEMO.max_batch,
+    "dims": {"length": {"min": 4, "opt": 20, "max": bert4rec.DEMO.length + 8}},  # up to its position embeddings
+    "inputs": [
+        {"name": "item_ids", "dtype": "int64", "shape": [-1, "length"], "range": [0, bert4rec.DEMO.items + 2]},
+        {"name": "mask_pos", "dtype": "int64", "shape": [-1, 1], "range": [0, "length"]},
+    ],
+    "outputs": bert4rec.MODEL_SIGNATURE["outputs"],
+}
+PADDED_TRANSFORMER_DYNAMIC_SIGNATURE = {
+    **PADDED_TRANSFORMER_SIGNATURE,
+    "dims": {"tokens": {"min": 4, "opt": 12, "max": 40}},
+    "inputs": [{"name": "tokens", "dtype": "int64", "shape": [-1, "tokens"], "range": [0, 50]}],
+}
+TARGET_INDEX_SIGNATURE = {
+    "batch": True,
+    "max_batch_size": 8,
+    "dims": {"length": {"min": 3, "opt": 16, "max": 64}},
+    "inputs": [
+        {"name": "items", "dtype": "int64", "shape": [-1, "length"], "range": [1, 30]},
+        {"name": "target_idx", "dtype": "int64", "shape": [-1, 1], "range": [0, "length"]},
+    ],
+    "outputs": [{"name": "scores", "dtype": "fp32", "shape": [-1, 4]}],
+}
 # The family every release must get through on the default path (export method "auto").
 MODELS = {
     "mlp": ("tests.models:make_mlp", MLP_SIGNATURE),
@@ -205,6 +246,9 @@ MODELS = {
     "padded_transformer": ("tests.models:PaddedTransformer", PADDED_TRANSFORMER_SIGNATURE),
     "size_reshape": ("tests.models:SizeReshape", SIZE_RESHAPE_SIGNATURE),
     "dynamic_length": ("tests.models:DynamicLength", DYNAMIC_LENGTH_SIGNATURE),
+    "bert4rec_dynamic_length": ("pipelines.samples.bert4rec:bert4rec_v1", BERT4REC_DYNAMIC_LENGTH_SIGNATURE),
+    "padded_transformer_dynamic": ("tests.models:PaddedTransformer", PADDED_TRANSFORMER_DYNAMIC_SIGNATURE),
+    "target_index": ("tests.models:TargetIndex", TARGET_INDEX_SIGNATURE),
 }
 
 

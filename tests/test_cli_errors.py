@@ -24,6 +24,9 @@ def files(tmp_path_factory, stack) -> dict[str, str]:
     (root / "not_json.json").write_text("this is { not json")
     (root / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
     signature = write_signature(root / "sig.yaml", MLP_SIGNATURE)
+    for label, dims, shape in BAD_RANGES:
+        ranged = {**MLP_SIGNATURE, "dims": dims, "inputs": [{"name": "x", "dtype": "fp32", "shape": shape}]}
+        write_signature(root / f"{label}.yaml", ranged)
     # a candidate published under a root the gate server does not mount
     (root / "m").mkdir()
     name = unique("nomount")
@@ -35,6 +38,7 @@ def files(tmp_path_factory, stack) -> dict[str, str]:
         "not_json": str(root / "not_json.json"),
         "binary": str(root / "binary.json"),
         "signature": str(signature),
+        **{label: str(root / f"{label}.yaml") for label, _dims, _shape in BAD_RANGES},
         "out": str(root / "out"),
         "closed": f"127.0.0.1:{free_port()}",
         "unmounted_model": name,
@@ -44,11 +48,29 @@ def files(tmp_path_factory, stack) -> dict[str, str]:
     }
 
 
+# signatures whose dynamic dimension's range is wrong: (label, dims, the input's shape)
+BAD_RANGES = [
+    ("min_above_max", {"n": {"min": 9, "opt": 9, "max": 4}}, [-1, "n"]),
+    ("opt_outside", {"n": {"min": 2, "opt": 50, "max": 16}}, [-1, "n"]),
+    ("fixed_range", {"n": {"min": 16, "opt": 16, "max": 16}}, [-1, "n"]),
+    ("undeclared", {}, [-1, "n"]),
+    ("range_on_batch", {"n": {"min": 1, "opt": 8, "max": 16}}, ["n", 16]),
+]
 GATE_ARGS = ["-r", "{repo}", "-m", "m", "--version", "1", "--gate", "{gate}", "--out", "{out}"]
 # (subcommand words, arguments, what the sentence must say); {name} is filled from `files`
 CASES = [
     (["export"], ["--model", "tests.models:make_mlp", "--signature", "{missing}", "--out", "{out}"], "missing.json"),
     (["export"], ["--model", "tests.models:make_mlp", "--signature", "{dir}", "--out", "{out}"], "a_dir"),
+    *(
+        (["export"], ["--model", "tests.models:make_mlp", "--signature", "{" + label + "}", "--out", "{out}"], said)
+        for label, said in (
+            ("min_above_max", "dimension 'n' has min 9 above max 4; swap them"),
+            ("opt_outside", "dimension 'n' has opt 50 outside its range 2 to 16"),
+            ("fixed_range", "dimension 'n' has min = max = 16, so it is fixed; write 16 in the shapes"),
+            ("undeclared", "shape names the dimension 'n', which dims does not declare"),
+            ("range_on_batch", "dimension 0 is the batch"),
+        )
+    ),
     (["compile"], ["{missing}", "--name", "m", "--out", "{out}"], "missing.json"),
     (["compile"], ["{dir}", "--name", "m", "--out", "{out}"], "export.json"),
     (["publish"], ["{missing}", "-r", "{repo}"], "missing.json"),
@@ -110,7 +132,7 @@ CASES = [
     (
         ["gate"],
         [*GATE_ARGS, "--min-rounds", "2"],
-        "min_rounds must be at least 5",
+        "--min-rounds must be at least 5",
     ),
     (["promote"], ["-r", "{repo}", "--verdict", "{missing}", "--replicas", "{closed}"], "does not exist"),
     (["promote"], ["-r", "{repo}", "--verdict", "{dir}", "--replicas", "{closed}"], "is a directory"),

@@ -18,9 +18,18 @@ from components import model_config, model_folder, trace_retarget
 from components.compile import CompileError, ParityError, compile_model, tensorrt_compile_settings
 from components.export import ExportError, export, read_export
 from components.parity import Tolerance, compare
-from components.signature import Signature, SignatureError
+from components.signature import POINTS, Signature, SignatureError
 from components.triton_admin import TritonAdmin
-from tests.models import MLP, MLP_SIGNATURE, MODELS, RECOMMENDER_SIGNATURE, upload_folder, write_signature
+from tests.models import (
+    DYNAMIC_LENGTH_SIGNATURE,
+    MLP,
+    MLP_SIGNATURE,
+    MODELS,
+    RECOMMENDER_SIGNATURE,
+    TARGET_INDEX_SIGNATURE,
+    upload_folder,
+    write_signature,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,10 +51,12 @@ def test_model_exports_compiles_and_triton_answers_like_eager(key, tmp_path, sta
     result = compile_model(export_dir, tmp_path / name, name)
     assert result.parity and all(r.passed for r in result.parity)
     exported = read_export(export_dir)
+    checks = {r.check for r in result.parity}
     batches = {f"batch {b}" for b in (1, exported.signature.max_batch_size)}
-    assert batches < {r.check for r in result.parity}  # and an odd batch size
-    if exported.signature.has_dynamic_dims:
-        assert len({r.check for r in result.parity if r.check.startswith("dynamic dims")}) == 2
+    assert batches < {c.split(",")[0] for c in checks}  # and an odd batch size
+    if exported.signature.has_dynamic_dims:  # each batch at the min, the opt and the max of the lengths
+        assert {c.split("(")[-1] for c in checks if "(" in c} == {"min)", "opt)", "max)"}
+        assert len(checks) == 3 * 3 + 1
 
     folder = model_folder.read(tmp_path / name)
     assert (
@@ -53,9 +64,25 @@ def test_model_exports_compiles_and_triton_answers_like_eager(key, tmp_path, sta
     )
     fingerprint = folder.fingerprint()
     assert fingerprint["torch"] == torch.__version__ and fingerprint["target"] == "torchscript"
+    declared = Signature.from_dict(MODELS[key][1])
+    assert folder.signature == declared  # the signature file inside the version says the same ranges
+    for spec, config_input in zip(declared.inputs, folder.config.input, strict=True):
+        assert list(config_input.dims) == list(spec.shape[1:])  # a ranged dimension is -1 in Triton's config
 
     sets = {"golden": folder.golden(), **exported.checks}
     _assert_triton_answers(stack, s3, folder, Tolerance(atol=1e-5, rtol=1e-4, int_mismatch=0.0), sets)
+
+
+def test_a_ranged_length_is_staged_and_gated_at_its_opt(tmp_path, stack):
+    """The gate's perf_analyzer sends the golden inputs, made at every ranged dimension's opt, and says so."""
+    from tests.release_helpers import ABSOLUTE_GATE, stage_and_gate, unique
+
+    name = unique("ranged")
+    compile_model(_export(tmp_path, "target_index"), tmp_path / name, name)
+    _version, staged, verdict = stage_and_gate(stack, tmp_path / name, ABSOLUTE_GATE, out=tmp_path / "gate")
+    assert staged.accuracy_passed and verdict.verdict == "pass", verdict.reasons
+    assert verdict.settings["request_shapes"] == {"items": [16], "target_idx": [1]}  # length at its opt, 16
+    assert "requests of items [16], target_idx [1]" in (tmp_path / "gate" / "report.md").read_text()
 
 
 def _assert_triton_answers(stack, s3, folder: model_folder.ModelFolder, tol: Tolerance, sets=None) -> None:
@@ -152,6 +179,17 @@ def test_missing_input_fails_naming_it(tmp_path):
     full = write_signature(tmp_path / "full.yaml", RECOMMENDER_SIGNATURE)
     with pytest.raises(SignatureError, match="missing mask_pos"):
         export("tests.models:make_recommender", full, tmp_path / "out", golden=golden)
+
+
+def test_a_declared_range_round_trips_and_sets_the_lengths_of_examples_and_ids():
+    signature = Signature.from_dict(TARGET_INDEX_SIGNATURE)
+    assert Signature.from_dict(signature.to_dict()) == signature
+    assert signature.to_dict()["dims"] == {"length": {"min": 3, "opt": 16, "max": 64}}
+    for point, length in (("min", 3), ("opt", 16), ("max", 64)):
+        example = signature.example_inputs(5, seed=1, dynamic_size=point)
+        assert example["items"].shape == (5, length) and example["target_idx"].max() < length
+    bare = Signature.from_dict(DYNAMIC_LENGTH_SIGNATURE)  # a -1 without a range: the default one
+    assert [bare.example_inputs(1, dynamic_size=p)["sequence"].shape[1] for p in POINTS] == [3, 8, 13]
 
 
 @pytest.mark.parametrize(
@@ -327,9 +365,27 @@ def test_tensorrt_settings_follow_the_documented_dynamo_api():
     assert item_ids["dtype"] == torch.int64
     fp32 = tensorrt_compile_settings(signature, "fp32", opt_batch=64, workspace_bytes=1)
     assert "enable_autocast" not in fp32 and fp32["inputs_spec"][1]["opt_shape"] == (32, 1)
-    dynamic = Signature.from_dict({**MLP_SIGNATURE, "inputs": [{"name": "x", "dtype": "fp32", "shape": [-1, -1]}]})
-    with pytest.raises(CompileError, match="dynamic dimension besides the batch"):
-        tensorrt_compile_settings(dynamic, "fp32", 8, 1)
+
+
+def test_tensorrt_builds_one_profile_from_each_dynamic_dimensions_declared_range():
+    """The seed's Input(min_shape=[1, 40], opt_shape=[32, 40], max_shape=[64, 40]), with the length ranged too:
+    a named dimension shared by two inputs, and a bare -1 at the default range."""
+    signature = Signature.from_dict(
+        {
+            "max_batch_size": 64,
+            "dims": {"length": {"min": 8, "opt": 50, "max": 200}},
+            "inputs": [
+                {"name": "item_ids", "dtype": "int64", "shape": [-1, "length"]},
+                {"name": "mask", "dtype": "bool", "shape": [-1, "length"]},
+                {"name": "features", "dtype": "fp32", "shape": [-1, -1, 4]},
+            ],
+            "outputs": [{"name": "scores", "dtype": "fp32", "shape": [-1, 10]}],
+        }
+    )
+    inputs = tensorrt_compile_settings(signature, "fp16", opt_batch=32, workspace_bytes=1)["inputs_spec"]
+    profile = {i["name"]: (i["min_shape"], i["opt_shape"], i["max_shape"]) for i in inputs}
+    assert profile["item_ids"] == profile["mask"] == ((1, 8), (32, 50), (64, 200))
+    assert profile["features"] == ((1, 3, 4), (32, 8, 4), (64, 13, 4))  # DEFAULT_DIM_RANGE
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where CUDA/Torch-TensorRT are missing")

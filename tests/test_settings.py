@@ -4,40 +4,76 @@ steps agree with it, and "off" is 0 in every form."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer.main
 import yaml
 from typer.testing import CliRunner
 
-from components.settings import GATE_PARAMETERS, GateSettings, Thresholds
+from components import settings
+from components.settings import GateSettings, Thresholds
+from components.step_settings import (
+    STEP_PARAMETERS,
+    CompileSettings,
+    ExportSettings,
+    ModelLoadSettings,
+    RepoGcSettings,
+    TuneSettings,
+    pipeline_parameters,
+    pipeline_settings,
+)
 from pipelines.cli import app
 
 COMPILED = Path(__file__).resolve().parents[1] / "pipelines" / "release_pipeline.yaml"
 
 
-def _cli_gate_options() -> dict[str, object]:
-    command = typer.main.get_command(app).commands["gate"]
-    return {p.name: p for p in command.params}
+def _cli_options(*command: str) -> dict[str, Any]:
+    group = typer.main.get_command(app)
+    for name in command:
+        group = group.commands[name]
+    return {p.name: p for p in group.params}
 
 
-def test_cli_gate_options_have_the_settings_names_defaults_and_help():
-    options = _cli_gate_options()
-    for name, parameter in GATE_PARAMETERS.items():
-        assert name in options, name
-        assert options[name].default == parameter.default, name
-        assert options[name].help == parameter.help, name
-
-
-def test_pipeline_parameters_have_the_settings_names_defaults_and_descriptions():
+def _pipeline_parameters() -> dict[str, Any]:
     spec = next(yaml.safe_load_all(COMPILED.read_text()))
-    parameters = spec["root"]["inputDefinitions"]["parameters"]
-    for name, parameter in GATE_PARAMETERS.items():
-        assert name in parameters, name
-        assert parameters[name].get("defaultValue") == parameter.default, name
-        assert parameters[name]["description"] == parameter.help, name
-    assert all(p.get("description") for p in parameters.values())  # every parameter is explained in the UI
+    return spec["root"]["inputDefinitions"]["parameters"]
+
+
+@pytest.mark.parametrize("command", list(STEP_PARAMETERS), ids=" ".join)
+def test_each_steps_options_pipeline_parameters_and_settings_type_take_the_tables_names_defaults_and_help(command):
+    table, kind = STEP_PARAMETERS[command]
+    options, pipeline = _cli_options(*command), _pipeline_parameters()
+    for name, parameter in table.items():
+        if parameter.cli:
+            assert options[name].default == parameter.default, name
+            assert options[name].help == parameter.help, name
+        else:
+            assert name not in options, name
+        if pipeline_name := parameter.pipeline_name(name):
+            assert pipeline[pipeline_name].get("defaultValue") == parameter.pipeline_default(name), pipeline_name
+            assert pipeline[pipeline_name]["description"] == parameter.help, pipeline_name
+    assert kind.from_flat() == kind()  # the table's defaults are the settings type's
+
+
+def test_the_pipeline_differs_from_the_cli_only_where_it_says_so():
+    differing = {n for n, p in pipeline_parameters().items() if p.pipeline_default(n) != p.default}
+    assert differing == set(settings.PIPELINE_DIFFERENCES) == {"compile_target", "precision", "compile_device"}
+    assert all(p.get("description") for p in _pipeline_parameters().values())  # every parameter is explained
+
+
+def test_the_pipelines_settings_are_checked_before_anything_runs_and_reach_each_step():
+    steps = pipeline_settings({"tune_budget": "4", "export_method": "trace", "max_p99_ms": 5})
+    assert TuneSettings.from_flat(**steps["tune"]).budget == 4
+    assert ExportSettings.from_flat(**steps["export"]).method == "trace"
+    assert CompileSettings.from_flat(**steps["compile"]).target == settings.PIPELINE_TARGET
+    assert GateSettings.from_flat(**steps["gate"]).thresholds.max_p99_ms == 5
+    with pytest.raises(ValueError, match="instance_counts must be whole numbers"):
+        pipeline_settings({"tune_instance_counts": "2,0"})
+    with pytest.raises(ValueError, match="no parameter named rounds"):
+        pipeline_settings({"rounds": 3})
 
 
 def test_design_is_a_choice_typer_checks_and_lists():
@@ -78,50 +114,45 @@ def test_wrong_settings_are_refused_where_they_are_built(flat, message):
         GateSettings.from_flat(**flat)
 
 
-def _cli_defaults(*command: str) -> dict[str, object]:
-    group = typer.main.get_command(app)
-    for name in command:
-        group = group.commands[name]
-    return {p.name: p.default for p in group.params}
+@pytest.mark.parametrize(
+    ("kind", "flat", "message"),
+    [
+        (ExportSettings, {"golden_samples": 0}, "golden_samples must be at least 1"),
+        (ExportSettings, {"method": "pickle"}, "method must be one of auto, export, script, trace"),
+        (CompileSettings, {"precision": "bf16"}, "precision bf16 needs target tensorrt"),
+        (CompileSettings, {"device": "gpu0"}, "device must be cpu, cuda or cuda:N"),
+        (CompileSettings, {"opt_batch": "eight"}, "opt_batch must be a int"),
+        (CompileSettings, {"atol": -1.0}, "atol must not be negative"),
+        (TuneSettings, {"budget": 0}, "budget must be at least 1"),
+        (TuneSettings, {"instance_counts": "1,x"}, "instance_counts must be whole numbers"),
+        (RepoGcSettings, {"keep": -1}, "keep must not be negative"),
+        (ModelLoadSettings, {"load_timeout_s": 0}, "load_timeout_s must be positive"),
+    ],
+)
+def test_each_steps_wrong_settings_are_refused_where_they_are_built(kind, flat, message):
+    with pytest.raises(ValueError, match=message):
+        kind.from_flat(**flat)
 
 
-def _pipeline_defaults() -> dict[str, object]:
-    spec = next(yaml.safe_load_all(COMPILED.read_text()))
-    return {n: p.get("defaultValue") for n, p in spec["root"]["inputDefinitions"]["parameters"].items()}
-
-
-def test_every_steps_defaults_have_one_home_that_the_cli_the_pipeline_and_the_step_read():
-    import inspect
-
-    from components import settings
+def test_the_step_functions_default_to_their_settings_types():
     from components.compile import compile_model
     from components.export import export
     from components.perf import LoadSettings
+    from components.promote import promote
+    from components.repository.leases import Leases
     from components.repository.maintenance import Maintenance
-    from components.tune import TuneSettings
+    from components.stage import stage
 
-    pipeline = _pipeline_defaults()
-    # export
-    assert _cli_defaults("export")["samples"] == settings.DEFAULT_GOLDEN_SAMPLES == pipeline["golden_samples"]
-    assert inspect.signature(export).parameters["samples"].default == settings.DEFAULT_GOLDEN_SAMPLES
-    # compile: the CLI and the step on this machine; the pipeline on a GPU node, on purpose
-    step = inspect.signature(compile_model).parameters
-    cli = _cli_defaults("compile")
-    assert cli["target"] == step["target"].default == settings.DEFAULT_TARGET
-    assert cli["precision"] == step["precision"].default == settings.DEFAULT_PRECISION
-    assert cli["device"] == step["device"].default == settings.DEFAULT_COMPILE_DEVICE
-    assert pipeline["compile_target"] == settings.PIPELINE_TARGET
-    assert pipeline["precision"] == settings.PIPELINE_PRECISION
-    assert pipeline["compile_device"] == settings.PIPELINE_COMPILE_DEVICE
-    # tune: at the gate's load by default
-    tune, cli = TuneSettings(), _cli_defaults("tune")
-    assert cli["budget"] == tune.budget == settings.DEFAULT_TUNE_BUDGET == pipeline["tune_budget"]
-    assert cli["concurrency"] == tune.load.concurrency == settings.DEFAULT_CONCURRENCY == pipeline["concurrency"]
-    assert cli["window_ms"] == tune.load.window_ms == LoadSettings().window_ms == settings.DEFAULT_WINDOW_MS
-    assert cli["p99_slack_pct"] == tune.p99_slack_pct == settings.DEFAULT_TUNE_P99_SLACK_PCT
-    assert cli["min_gain_pct"] == tune.min_gain_pct == settings.DEFAULT_TUNE_MIN_GAIN_PCT
-    assert cli["instance_counts"] == ",".join(map(str, tune.instance_counts))
-    assert cli["intra_op_threads"] == ",".join(map(str, tune.intra_op_thread_counts))
-    # repo gc
-    grace = inspect.signature(Maintenance.gc).parameters["grace_seconds"].default
-    assert _cli_defaults("repo", "gc")["grace"] == grace == settings.DEFAULT_CLEANUP_GRACE_S
+    def defaults(fn: Any) -> dict[str, Any]:
+        return {n: p.default for n, p in inspect.signature(fn).parameters.items()}
+
+    chosen = ExportSettings()
+    assert (defaults(export)["samples"], defaults(export)["method"]) == (chosen.golden_samples, chosen.method)
+    arguments = CompileSettings().step_arguments()
+    arguments.pop("tolerance")
+    assert {n: defaults(compile_model)[n] for n in arguments} == arguments
+    for step in (stage, promote):
+        assert defaults(step)["load_timeout"] == ModelLoadSettings().load_timeout_s
+    assert defaults(Maintenance.gc)["grace_seconds"] == RepoGcSettings().grace
+    assert defaults(Leases.acquire_lease)["seconds"] == settings.DEFAULT_LEASE_S
+    assert TuneSettings().load.window_ms == LoadSettings().window_ms == settings.DEFAULT_WINDOW_MS

@@ -121,7 +121,7 @@ def test_the_cli_refuses_instance_counts_that_are_not_whole_numbers_of_one_or_mo
     result = CliRunner().invoke(app, [*args, "--instance-counts", counts])
     assert result.exit_code == 2, result.output
     said = " ".join(result.output.replace("│", " ").split())  # rich wraps the sentence in a box
-    assert "--instance-counts" in said and "whole numbers of 1 or more" in said
+    assert "--instance-counts must be whole numbers of 1 or more" in said
     assert not (tmp_path / "t").exists()
 
 

@@ -10,9 +10,10 @@ from typing import Any
 from components import log
 from components.repository.history import History
 from components.repository.store import RepositoryError, VersionConflict, utc_now
+from components.settings import DEFAULT_LEASE_S
 
 LOG = log.get("repository")
-DEFAULT_LEASE_SECONDS = 3600.0
+DEFAULT_LEASE_SECONDS = DEFAULT_LEASE_S
 
 
 class LeaseHeld(RepositoryError):

@@ -8,14 +8,19 @@ from typing import Annotated
 import typer
 
 from components import settings
+from components.step_settings import COMPILE_PARAMETERS as COMPILE
+from components.step_settings import EXPORT_PARAMETERS as EXPORT
+from components.step_settings import CompileSettings, ExportSettings
 from pipelines.cli.common import (
     EndpointOption,
     RepositoryOption,
     app,
     console,
     friendly_errors,
+    option,
     out_console_line,
     s3_settings,
+    validated,
 )
 
 
@@ -28,15 +33,18 @@ def export_cmd(
     out: Annotated[Path, typer.Option(help="output folder (must not exist)")],
     checkpoint: Annotated[str | None, typer.Option(help="state_dict for the factory's model: a path or s3://")] = None,
     golden: Annotated[Path | None, typer.Option(help=".npz of golden inputs keyed by input name")] = None,
-    samples: Annotated[
-        int, typer.Option(help="golden samples to generate when --golden is not given")
-    ] = settings.DEFAULT_GOLDEN_SAMPLES,
-    method: Annotated[settings.ExportMethod, typer.Option(help="auto: torch.export, then TorchScript")] = "auto",
+    golden_samples: Annotated[int, option(EXPORT, "golden_samples", "--golden-samples", "--samples")] = EXPORT[
+        "golden_samples"
+    ].default,
+    method: Annotated[settings.ExportMethod, option(EXPORT, "method")] = EXPORT["method"].default,
 ) -> None:
-    """Load a model, check it against its signature, export it with golden samples."""
+    """Load a model, check it against its signature, export it with golden samples (or the --golden ones)."""
     from components.export import export
 
-    result = export(model, signature, out, checkpoint=checkpoint, golden=golden, samples=samples, method=method)
+    chosen = validated(ExportSettings.from_flat, locals(), EXPORT)
+    result = export(
+        model, signature, out, checkpoint=checkpoint, golden=golden, samples=chosen.golden_samples, method=chosen.method
+    )
     out_console_line(f"exported with {result.method} to {result.out_dir / result.artifact}")
     if result.fallback_reason:
         out_console_line(f"  (fell back: {result.fallback_reason})")
@@ -48,31 +56,21 @@ def compile_cmd(
     export_dir: Annotated[Path, typer.Argument(help="the output folder of `tritonship export`")],
     name: Annotated[str, typer.Option(help="the Triton model name")],
     out: Annotated[Path, typer.Option(help="output model folder (must not exist)")],
-    target: Annotated[settings.Target, typer.Option(help="what to compile to")] = settings.DEFAULT_TARGET,
-    precision: Annotated[settings.Precision, typer.Option(help="bf16 with tensorrt only")] = settings.DEFAULT_PRECISION,
-    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = settings.DEFAULT_COMPILE_DEVICE,
-    atol: Annotated[float | None, typer.Option(help="absolute tolerance (default by precision)")] = None,
-    rtol: Annotated[float | None, typer.Option(help="relative tolerance (default by precision)")] = None,
-    int_mismatch: Annotated[float | None, typer.Option(help="share of integer output elements that may differ")] = None,
-    opt_batch: Annotated[int, typer.Option(help="TensorRT optimisation batch size")] = 8,
-    workspace_gb: Annotated[float, typer.Option(help="TensorRT workspace in GiB")] = 2.0,
+    target: Annotated[settings.Target, option(COMPILE, "target")] = COMPILE["target"].default,
+    precision: Annotated[settings.Precision, option(COMPILE, "precision")] = COMPILE["precision"].default,
+    device: Annotated[str, option(COMPILE, "device")] = COMPILE["device"].default,
+    opt_batch: Annotated[int, option(COMPILE, "opt_batch")] = COMPILE["opt_batch"].default,
+    workspace_gb: Annotated[float, option(COMPILE, "workspace_gb")] = COMPILE["workspace_gb"].default,
+    atol: Annotated[float | None, option(COMPILE, "atol")] = COMPILE["atol"].default,
+    rtol: Annotated[float | None, option(COMPILE, "rtol")] = COMPILE["rtol"].default,
+    int_mismatch: Annotated[float | None, option(COMPILE, "int_mismatch")] = COMPILE["int_mismatch"].default,
 ) -> None:
     """Compile an export for Triton, check parity against the eager model, write the model folder."""
-    from components.compile import Tolerance, compile_model, parity_table
+    from components.compile import compile_model, parity_table
 
-    tolerance = Tolerance.for_precision(precision, atol, rtol, int_mismatch)
+    chosen = validated(CompileSettings.from_flat, locals(), COMPILE)
     with console.status(f"compiling for {target} ({precision}, {device})"):
-        result = compile_model(
-            export_dir,
-            out,
-            name,
-            target,
-            precision,
-            device,
-            tolerance=tolerance,
-            opt_batch=opt_batch,
-            workspace_gb=workspace_gb,
-        )
+        result = compile_model(export_dir, out, name, **chosen.step_arguments())
     out_console_line(parity_table(result.parity))
     out_console_line(f"compiled {target}/{precision} on {result.device} in {result.seconds:.1f} s -> {result.out_dir}")
 

@@ -6,6 +6,7 @@ several groups take and the readers of files a step wrote."""
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -27,6 +28,7 @@ console = Console(stderr=True)
 out = Console()
 F = TypeVar("F", bound=Callable[..., Any])
 R = TypeVar("R", bound="Result")
+S = TypeVar("S")
 DEFAULT_STATE_DIR = Path(".stack")
 
 
@@ -87,12 +89,21 @@ def read_result(path: Path, what: str, kind: type[R]) -> R:
         ) from None
 
 
-def validated_gate_settings(flat: dict[str, Any]) -> settings.GateSettings:
-    """GateSettings from the CLI's flat options, with a plain error for values it refuses."""
+def option(table: dict[str, settings.Parameter], name: str, *flags: str) -> Any:
+    """A step's option explained by its table (components/settings.py, components/step_settings.py); the
+    default in the signature is the settings type's, and tests/test_settings.py checks they agree."""
+    return typer.Option(*flags, help=table[name].help)
+
+
+def validated(build: Callable[..., S], given: dict[str, Any], table: dict[str, settings.Parameter]) -> S:
+    """A step's settings from the command's options named in its table, with a plain error for values it refuses."""
     try:
-        return settings.GateSettings.from_flat(**flat)
+        return build(**{name: given[name] for name in table if table[name].cli})
     except ValueError as exc:
-        raise TritonshipError(f"{exc}.") from None
+        said = str(exc)
+        for name in table:  # as the user typed them
+            said = re.sub(rf"\b{name}\b", "--" + name.replace("_", "-"), said)
+        raise TritonshipError(f"{said}.") from None
 
 
 # ------------------------------------------------------------------------------- publish / repository

@@ -6,13 +6,16 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from components import log, settings
 from components.errors import TritonshipError
-from components.settings import DEFAULT_INSTANCE_COUNTS, GATE_PARAMETERS, RELAXED_STABILITY_PCT
+from components.settings import GATE_PARAMETERS as GATE
+from components.step_settings import LOAD_PARAMETERS as LOAD
+from components.step_settings import TUNE_PARAMETERS as TUNE
+from components.step_settings import ModelLoadSettings, TuneSettings
 from pipelines.cli.common import (
     EndpointOption,
     GateMetricsOption,
@@ -26,11 +29,12 @@ from pipelines.cli.common import (
     friendly_errors,
     gate_server,
     one_server,
+    option,
     out,
     out_console_line,
     read_result,
     s3_settings,
-    validated_gate_settings,
+    validated,
 )
 
 
@@ -61,15 +65,24 @@ def stage_cmd(
     version: VersionOption,
     gate: GateOption,
     result: Annotated[Path | None, typer.Option(help="write the stage result (JSON) here")] = None,
+    load_timeout_s: Annotated[float, option(LOAD, "load_timeout_s")] = LOAD["load_timeout_s"].default,
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Load the candidate dark on the gate server and check its answers against the golden outputs."""
     from components.parity import parity_table
     from components.stage import stage
 
+    loading = validated(ModelLoadSettings.from_flat, locals(), LOAD)
     with lease_given_back_on_failure(repository, model, version, s3_endpoint) as succeeded:
         with console.status(f"loading {model} v{version} on the gate"):
-            staged = stage(repository, model, version, one_server(gate), s3=s3_settings(s3_endpoint))
+            staged = stage(
+                repository,
+                model,
+                version,
+                one_server(gate),
+                s3=s3_settings(s3_endpoint),
+                load_timeout=loading.load_timeout_s,
+            )
         if staged.load_error:
             raise TritonshipError(f"the gate server could not load the candidate: {staged.load_error}")
         out_console_line(parity_table(staged.accuracy))
@@ -87,18 +100,6 @@ def stage_cmd(
 TuningOption = Annotated[Path | None, typer.Option(help="tuning.json written by `tritonship tune`")]
 
 
-def _counts(text: str, option: str) -> tuple[int, ...]:
-    try:
-        counts = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        counts = ()
-    if not counts or min(counts) < 1:
-        raise typer.BadParameter(
-            f"give whole numbers of 1 or more, comma-separated (like 1,2,4), not {text!r}", param_hint=option
-        )
-    return counts
-
-
 @app.command("tune")
 @friendly_errors
 def tune_cmd(
@@ -107,31 +108,15 @@ def tune_cmd(
     version: VersionOption,
     gate: GateOption,
     out_file: Annotated[Path, typer.Option("--out", help="write the tuning result (JSON) here")],
-    concurrency: Annotated[
-        int, typer.Option(help="perf_analyzer concurrency (use the gate's)")
-    ] = settings.DEFAULT_CONCURRENCY,
-    window_ms: Annotated[int, typer.Option(help="perf_analyzer measurement window")] = settings.DEFAULT_WINDOW_MS,
-    stability_pct: Annotated[
-        float, typer.Option(help="perf_analyzer stability threshold, %; the default takes any three windows")
-    ] = RELAXED_STABILITY_PCT,
-    max_p99_ms: Annotated[
-        float | None, typer.Option(help="p99 limit; default: the default settings' p99 + slack")
-    ] = None,
-    p99_slack_pct: Annotated[
-        float, typer.Option(help="how much p99 may grow over the default's")
-    ] = settings.DEFAULT_TUNE_P99_SLACK_PCT,
-    budget: Annotated[int, typer.Option(help="settings measured at most")] = settings.DEFAULT_TUNE_BUDGET,
-    min_gain_pct: Annotated[
-        float, typer.Option(help="smallest throughput gain that moves the search")
-    ] = settings.DEFAULT_TUNE_MIN_GAIN_PCT,
-    instance_counts: Annotated[
-        str,
-        typer.Option(help="instance counts tried, comma-separated, for the model and for an ensemble's pre/post steps"),
-    ] = ",".join(map(str, DEFAULT_INSTANCE_COUNTS)),
-    intra_op_threads: Annotated[
-        str,
-        typer.Option(help="the PyTorch backend's intra-op thread counts tried, comma-separated (CPU models)"),
-    ] = ",".join(map(str, settings.DEFAULT_INTRA_OP_THREAD_COUNTS)),
+    concurrency: Annotated[int, option(TUNE, "concurrency")] = TUNE["concurrency"].default,
+    window_ms: Annotated[int, option(TUNE, "window_ms")] = TUNE["window_ms"].default,
+    stability_pct: Annotated[float, option(TUNE, "stability_pct")] = TUNE["stability_pct"].default,
+    max_p99_ms: Annotated[float, option(TUNE, "max_p99_ms")] = TUNE["max_p99_ms"].default,
+    p99_slack_pct: Annotated[float, option(TUNE, "p99_slack_pct")] = TUNE["p99_slack_pct"].default,
+    budget: Annotated[int, option(TUNE, "budget")] = TUNE["budget"].default,
+    min_gain_pct: Annotated[float, option(TUNE, "min_gain_pct")] = TUNE["min_gain_pct"].default,
+    instance_counts: Annotated[str, option(TUNE, "instance_counts")] = TUNE["instance_counts"].default,
+    intra_op_threads: Annotated[str, option(TUNE, "intra_op_threads")] = TUNE["intra_op_threads"].default,
     gate_metrics: GateMetricsOption = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:
@@ -139,18 +124,9 @@ def tune_cmd(
     from rich.table import Table
 
     from components import report
-    from components.perf import LoadSettings
-    from components.tune import TuneSettings, tune
+    from components.tune import tune
 
-    tune_settings = TuneSettings(
-        load=LoadSettings(concurrency=concurrency, window_ms=window_ms, stability_pct=stability_pct),
-        max_p99_ms=max_p99_ms,
-        p99_slack_pct=p99_slack_pct,
-        budget=budget,
-        min_gain_pct=min_gain_pct,
-        instance_counts=_counts(instance_counts, "--instance-counts"),
-        intra_op_thread_counts=_counts(intra_op_threads, "--intra-op-threads"),
-    )
+    tune_settings = validated(TuneSettings.from_flat, locals(), TUNE)
     with console.status(f"tuning {model} v{version} on the gate (at most {budget} settings)"):
         url, metrics_url = gate_server(gate, gate_metrics)
         result = tune(
@@ -166,11 +142,6 @@ def tune_cmd(
         out_console_line(f"the search's winner, {result.confirmation}")
 
 
-def _gate_option(name: str) -> Any:
-    """A `gate` option named, defaulted and explained by components/settings.py's GATE_PARAMETERS."""
-    return typer.Option(help=GATE_PARAMETERS[name].help)
-
-
 @app.command("gate")
 @friendly_errors
 def gate_cmd(
@@ -180,20 +151,20 @@ def gate_cmd(
     gate: GateOption,
     out: Annotated[Path, typer.Option(help="folder for verdict.json, report.md/html, the plot and raw CSVs")],
     stage_result: Annotated[Path | None, typer.Option(help="the stage result JSON (its accuracy check counts)")] = None,
-    concurrency: Annotated[int, _gate_option("concurrency")] = settings.DEFAULT_CONCURRENCY,
-    request_rate: Annotated[float, _gate_option("request_rate")] = 0.0,
-    window_ms: Annotated[int, _gate_option("window_ms")] = settings.DEFAULT_WINDOW_MS,
-    design: Annotated[settings.Design, _gate_option("design")] = settings.DEFAULT_DESIGN,
-    min_rounds: Annotated[int, _gate_option("min_rounds")] = settings.DEFAULT_MIN_ROUNDS,
-    budget_s: Annotated[float, _gate_option("budget_s")] = settings.DEFAULT_BUDGET_S,
-    max_p99_ms: Annotated[float, _gate_option("max_p99_ms")] = 0.0,
-    min_throughput: Annotated[float, _gate_option("min_throughput")] = 0.0,
-    max_p99_regression_pct: Annotated[
-        float, _gate_option("max_p99_regression_pct")
-    ] = settings.DEFAULT_MAX_REGRESSION_PCT,
-    max_throughput_regression_pct: Annotated[
-        float, _gate_option("max_throughput_regression_pct")
-    ] = settings.DEFAULT_MAX_REGRESSION_PCT,
+    concurrency: Annotated[int, option(GATE, "concurrency")] = GATE["concurrency"].default,
+    request_rate: Annotated[float, option(GATE, "request_rate")] = GATE["request_rate"].default,
+    window_ms: Annotated[int, option(GATE, "window_ms")] = GATE["window_ms"].default,
+    design: Annotated[settings.Design, option(GATE, "design")] = GATE["design"].default,
+    min_rounds: Annotated[int, option(GATE, "min_rounds")] = GATE["min_rounds"].default,
+    budget_s: Annotated[float, option(GATE, "budget_s")] = GATE["budget_s"].default,
+    max_p99_ms: Annotated[float, option(GATE, "max_p99_ms")] = GATE["max_p99_ms"].default,
+    min_throughput: Annotated[float, option(GATE, "min_throughput")] = GATE["min_throughput"].default,
+    max_p99_regression_pct: Annotated[float, option(GATE, "max_p99_regression_pct")] = GATE[
+        "max_p99_regression_pct"
+    ].default,
+    max_throughput_regression_pct: Annotated[float, option(GATE, "max_throughput_regression_pct")] = GATE[
+        "max_throughput_regression_pct"
+    ].default,
     tuning: TuningOption = None,
     gate_metrics: GateMetricsOption = None,
     s3_endpoint: EndpointOption = None,
@@ -202,8 +173,7 @@ def gate_cmd(
     from components import gate as gate_step
     from components.results import StageResult, TuneResult
 
-    given = locals()
-    gate_settings = validated_gate_settings({name: given[name] for name in GATE_PARAMETERS})
+    gate_settings = validated(settings.GateSettings.from_flat, locals(), GATE)
     staged = read_result(stage_result, "stage result", StageResult) if stage_result else None
     tuned = read_result(tuning, "tuning result", TuneResult) if tuning else None
     with lease_given_back_on_failure(repository, model, version, s3_endpoint) as succeeded:
@@ -237,6 +207,7 @@ def promote_cmd(
     replicas: Annotated[str, typer.Option(help="production replicas: host:port,... or k8s://ns/selector")],
     gate: UnloadGateOption = None,
     tuning: TuningOption = None,
+    load_timeout_s: Annotated[float, option(LOAD, "load_timeout_s")] = LOAD["load_timeout_s"].default,
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Roll the gated candidate out to every production replica, one at a time; revert on any failure."""
@@ -244,6 +215,7 @@ def promote_cmd(
     from components.replicas import resolve
     from components.results import TuneResult, Verdict
 
+    loading = validated(ModelLoadSettings.from_flat, locals(), LOAD)
     decided = read_result(verdict, "verdict", Verdict)
     targets = resolve(replicas)
     serving = read_result(tuning, "tuning result", TuneResult).chosen if tuning else None
@@ -258,6 +230,7 @@ def promote_cmd(
             settings=serving,
             s3=s3_settings(s3_endpoint),
             progress=lambda what, replica: status.update(f"{what} {replica.name}"),
+            load_timeout=loading.load_timeout_s,
         )
     out_console_line(
         f"promoted {result.model} v{result.version} (was {result.previous_version}) on {len(result.replicas)} replicas"

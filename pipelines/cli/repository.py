@@ -7,16 +7,20 @@ from typing import Annotated, Any
 
 import typer
 
-from components import settings
+from components.step_settings import LEASE_RELEASE_PARAMETERS as LEASE_RELEASE
+from components.step_settings import REPO_GC_PARAMETERS as GC
+from components.step_settings import LeaseReleaseSettings, RepoGcSettings
 from pipelines.cli.common import (
     EndpointOption,
     ModelOption,
     RepositoryOption,
     app,
     friendly_errors,
+    option,
     out,
     out_console_line,
     s3_settings,
+    validated,
 )
 
 repo_app = typer.Typer(no_args_is_help=True, help="Inspect and maintain the S3 model repository.")
@@ -78,17 +82,14 @@ def repo_verify(
 @friendly_errors
 def repo_gc(
     repository: RepositoryOption,
-    grace: Annotated[
-        float, typer.Option(help="seconds an incomplete version is left alone (a publish may be running)")
-    ] = settings.DEFAULT_CLEANUP_GRACE_S,
-    dry_run: Annotated[bool, typer.Option(help="only list what would be removed")] = False,
-    keep: Annotated[
-        int | None, typer.Option(help="also retire sealed versions beyond the newest KEEP (never a served one)")
-    ] = None,
+    grace: Annotated[float, option(GC, "grace")] = GC["grace"].default,
+    keep: Annotated[int, option(GC, "keep")] = GC["keep"].default,
+    dry_run: Annotated[bool, option(GC, "dry_run")] = GC["dry_run"].default,
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Remove version folders that have no manifest (interrupted publishes); with --keep, old versions too."""
-    removed = _repository(repository, s3_endpoint).gc(grace, dry_run, keep=keep)
+    chosen = validated(RepoGcSettings.from_flat, locals(), GC)
+    removed = _repository(repository, s3_endpoint).gc(chosen.grace, dry_run, keep=chosen.keep or None)
     for uri in removed:
         out_console_line(f"{'would remove' if dry_run else 'removed'} {uri}")
     out_console_line(f"{len(removed)} version folder(s) {'found' if dry_run else 'removed'}")
@@ -144,15 +145,16 @@ def lease_show(model: ModelOption, repository: RepositoryOption, s3_endpoint: En
 def lease_release(
     model: ModelOption,
     repository: RepositoryOption,
-    force: Annotated[
-        bool, typer.Option(help="also while the lease has not expired (its run may still be alive)")
-    ] = False,
+    force: Annotated[bool, option(LEASE_RELEASE, "force")] = LEASE_RELEASE["force"].default,
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Give back a release lease whose run died; recorded in the model's history."""
     import getpass
 
-    held = _repository(repository, s3_endpoint).break_lease(model, force, by=f"lease release by {getpass.getuser()}")
+    chosen = validated(LeaseReleaseSettings.from_flat, locals(), LEASE_RELEASE)
+    held = _repository(repository, s3_endpoint).break_lease(
+        model, chosen.force, by=f"lease release by {getpass.getuser()}"
+    )
     out_console_line(
         f"released the lease {held['owner']} held on {model}" if held else f"nobody held the lease of {model}"
     )

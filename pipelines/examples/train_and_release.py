@@ -8,7 +8,7 @@ from kfp import dsl
 from kfp.dsl import Model, Output
 
 from pipelines.images import image
-from pipelines.kfp_components import compile_op, export_trained_op, gate_settings_op
+from pipelines.kfp_components import compile_op, export_trained_op, settings_op
 from pipelines.pipeline import release_steps
 from pipelines.sample_models import SAMPLE_SIGNATURE
 
@@ -46,21 +46,24 @@ def train_and_release(
     admin_secret_name: str = "tritonship-triton-admin",
     max_p99_ms: float = 50.0,
 ):
+    # every other setting at the pipeline's default; compiled on this machine's CPU, not tuned
+    checked = settings_op(
+        flat={
+            "compile_target": "torchscript",
+            "precision": "fp32",
+            "compile_device": "cpu",
+            "tune": False,
+            "max_p99_ms": max_p99_ms,
+        }
+    )
     trained = train_op(steps=steps, seed=seed)
     exported = export_trained_op(
         trained=trained.outputs["trained"],
         model_factory="pipelines.sample_models:sample_v1",
         signature=SAMPLE_SIGNATURE,
-        golden_samples=16,
+        settings=checked.output,
     )
-    compiled = compile_op(
-        exported=exported.outputs["exported"],
-        model_name=model_name,
-        target="torchscript",
-        precision="fp32",
-        device="cpu",
-    )
-    gating = gate_settings_op(flat={"max_p99_ms": max_p99_ms})  # the gate's defaults otherwise
+    compiled = compile_op(exported=exported.outputs["exported"], model_name=model_name, settings=checked.output)
     release_steps(
         compiled=compiled.outputs["compiled"],
         model_name=model_name,
@@ -70,9 +73,7 @@ def train_and_release(
         admin_secret_name=admin_secret_name,
         replicas=replicas,
         gate=gate,
-        gate_settings=gating.output,
-        tune=False,
-        tune_budget=0,
+        settings=checked.output,
     )
 
 
