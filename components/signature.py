@@ -259,7 +259,6 @@ def check_tensor(spec: TensorSpec, shape: tuple[int, ...], dtype: str, what: str
             )
 
 
-
 def _np_dtype_name(dtype: np.dtype) -> str:
     for name, (_t, np_dtype, *_rest) in DTYPES.items():
         if np_dtype is not None and np.dtype(np_dtype) == dtype:
