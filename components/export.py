@@ -344,6 +344,9 @@ class ExportedModel:
 
 def read_export(path: Path) -> ExportedModel:
     path = Path(path)
+    if not path.is_dir():
+        what = "does not exist" if not path.exists() else "is a file, not a folder"
+        raise ExportError(f"{path} {what}; pass the output folder of `tritonship export`.")
     for required in (EXPORT_INFO_FILE, SIGNATURE_FILE, GOLDEN_FILE):
         if not (path / required).is_file():
             raise ExportError(f"{path} has no {required}; pass the output folder of `tritonship export`.")

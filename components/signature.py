@@ -126,8 +126,17 @@ class Signature:
         path = Path(path)
         try:
             text = path.read_text()
-        except OSError as exc:
-            raise SignatureError(f"cannot read the signature file {path}: {exc.strerror}.") from None
+        except FileNotFoundError:
+            raise SignatureError(f"the signature file {path} does not exist; check the path.") from None
+        except IsADirectoryError:
+            raise SignatureError(
+                f"the signature file {path} is a folder; give the YAML or JSON file inside it."
+            ) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SignatureError(
+                f"the signature file {path} cannot be read ({getattr(exc, 'strerror', None) or 'not text'}); "
+                "give a YAML or JSON file."
+            ) from None
         try:
             data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
         except (json.JSONDecodeError, yaml.YAMLError) as exc:

@@ -70,7 +70,10 @@ class CandidateVersion:
 def read_candidate(repo: ModelRepository, model: str, version: int) -> CandidateVersion:
     manifest = repo.manifest(model, version, staged=True)
     if manifest is None:
-        raise StageError(f"version {version} of '{model}' is not published in {repo.staging_uri()} (no manifest).")
+        raise StageError(
+            f"version {version} of '{model}' is not published in {repo.staging_uri()} (no manifest); check --model "
+            "and --version against `tritonship repo ls`, or publish it first."
+        )
     config = model_config.parse_pbtxt(repo.read_version_file(model, version, True, "config.pbtxt").decode())
     with np.load(io.BytesIO(repo.read_version_file(model, version, True, manifest.golden)), allow_pickle=False) as data:
         inputs = {k[3:]: data[k] for k in data.files if k.startswith("in:")}

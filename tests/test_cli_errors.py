@@ -59,8 +59,12 @@ BAD_RANGES = [
 GATE_ARGS = ["-r", "{repo}", "-m", "m", "--version", "1", "--gate", "{gate}", "--out", "{out}"]
 # (subcommand words, arguments, what the sentence must say); {name} is filled from `files`
 CASES = [
-    (["export"], ["--model", "tests.models:make_mlp", "--signature", "{missing}", "--out", "{out}"], "missing.json"),
-    (["export"], ["--model", "tests.models:make_mlp", "--signature", "{dir}", "--out", "{out}"], "a_dir"),
+    (
+        ["export"],
+        ["--model", "tests.models:make_mlp", "--signature", "{missing}", "--out", "{out}"],
+        "missing.json does not exist",
+    ),
+    (["export"], ["--model", "tests.models:make_mlp", "--signature", "{dir}", "--out", "{out}"], "a_dir is a folder"),
     *(
         (["export"], ["--model", "tests.models:make_mlp", "--signature", "{" + label + "}", "--out", "{out}"], said)
         for label, said in (
@@ -71,7 +75,7 @@ CASES = [
             ("range_on_batch", "dimension 0 is the batch"),
         )
     ),
-    (["compile"], ["{missing}", "--name", "m", "--out", "{out}"], "missing.json"),
+    (["compile"], ["{missing}", "--name", "m", "--out", "{out}"], "missing.json does not exist"),
     (["compile"], ["{dir}", "--name", "m", "--out", "{out}"], "export.json"),
     (["publish"], ["{missing}", "-r", "{repo}"], "missing.json"),
     (
@@ -137,7 +141,7 @@ CASES = [
     (["promote"], ["-r", "{repo}", "--verdict", "{missing}", "--replicas", "{closed}"], "does not exist"),
     (["promote"], ["-r", "{repo}", "--verdict", "{dir}", "--replicas", "{closed}"], "is a directory"),
     (["promote"], ["-r", "{repo}", "--verdict", "{not_verdict}", "--replicas", "{closed}"], "not a verdict"),
-    (["promote"], ["-r", "{repo}", "--verdict", "{binary}", "--replicas", "{closed}"], "cannot be read"),
+    (["promote"], ["-r", "{repo}", "--verdict", "{binary}", "--replicas", "{closed}"], "is not a text file"),
     (["reject"], ["-r", "{repo}", "--verdict", "{not_json}"], "not a verdict"),
     (["reconcile"], ["-r", "{repo}", "--replicas", "{closed}"], "no replica answered"),
     (["repo", "ls"], ["-r", "{no_bucket}"], "no-such-bucket-here"),

@@ -401,11 +401,15 @@ def test_tensorrt_target_without_cuda_or_torch_tensorrt_names_the_missing_piece(
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_tensorrt_compile_on_gpu(precision, tmp_path):
+@pytest.mark.parametrize("key", ["recommender", "target_index"])  # a fixed length, and one ranged 3..64
+def test_tensorrt_compile_on_gpu(key, precision, tmp_path):
+    """The GPU sibling of test_tensorrt_builds_one_profile_from_each_dynamic_dimensions_declared_range."""
     pytest.importorskip("torch_tensorrt")
-    export_dir = _export(tmp_path, "recommender")
-    result = compile_model(export_dir, tmp_path / "out", "rec", target="tensorrt", precision=precision, device="cuda")
+    export_dir = _export(tmp_path, key)
+    result = compile_model(export_dir, tmp_path / "out", key, target="tensorrt", precision=precision, device="cuda")
     assert all(r.passed for r in result.parity)
+    if key == "target_index":  # parity held at the profile's min, opt and max length
+        assert {c.split("(")[-1] for c in (r.check for r in result.parity) if "(" in c} == {"min)", "opt)", "max)"}
     assert (
         model_folder.read(tmp_path / "out").config.instance_group[0].kind == model_config.mc.ModelInstanceGroup.KIND_GPU
     )

@@ -75,8 +75,10 @@ def read_text(path: Path, what: str) -> str:
         return path.read_text()
     except FileNotFoundError:
         raise TritonshipError(f"the {what} {path} does not exist; check the path.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TritonshipError(f"the {what} {path} cannot be read ({exc.__class__.__name__}); check the file.") from None
+    except UnicodeDecodeError:
+        raise TritonshipError(f"the {what} {path} is not a text file; pass the JSON file the step wrote.") from None
+    except OSError as exc:
+        raise TritonshipError(f"the {what} {path} cannot be read ({exc.strerror or exc}); check the file.") from None
 
 
 def read_result(path: Path, what: str, kind: type[R]) -> R:
