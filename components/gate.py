@@ -267,10 +267,7 @@ def _measure(
             for target in targets:  # a freshly loaded model's first requests are slow
                 for _ in range(WARM_UP_REQUESTS):
                     admin.infer(target.model, first, candidate.output_names, target.version)
-            batched = candidate.config.max_batch_size > 0  # each request is one sample of the golden inputs
-            result.settings["request_shapes"] = {
-                k: list(v.shape[1:] if batched else v.shape) for k, v in candidate.golden_inputs.items()
-            }
+            result.settings["request_shapes"] = candidate.request_shapes
             with tempfile.TemporaryDirectory(prefix="tritonship-gate-") as tmp:
                 data = perf.write_input_data(
                     candidate.golden_inputs, Path(tmp) / "input.json", batched=candidate.config.max_batch_size > 0

@@ -101,6 +101,11 @@ def tuning_markdown(t: dict[str, Any] | None) -> list[str]:
         f"## Serving settings: {t['settings_measured']} of {t['grid_size']} measured, throughput {gain} over "
         f"the default within p99 {_fmt(t['p99_limit_ms'], '.3f')} ms",
         *(["", f"The search's winner, {t['confirmation']}."] if t.get("confirmation") else []),
+        *(
+            ["", "Measured with requests of " + ", ".join(f"{k} {v}" for k, v in t["request_shapes"].items()) + "."]
+            if t.get("request_shapes")
+            else []
+        ),
         "",
         f"| {' | '.join(TUNING_HEADER)} |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",

@@ -138,6 +138,7 @@ class TuneResult(Result):
     seconds: float = 0.0
     enabled: bool = True
     confirmation: str = ""  # whether the search's winner won again when measured beside the default
+    request_shapes: dict[str, list[int]] = field(default_factory=dict)  # each input of one measured request
 
     def trial(self, settings: ServingSettings) -> Trial | None:
         """The setting's measurement; for one measured twice (the default), the two combined."""

@@ -47,6 +47,13 @@ class CandidateVersion:
     def output_names(self) -> list[str]:
         return [s.name for s in self.signature.outputs]
 
+    @property
+    def request_shapes(self) -> dict[str, list[int]]:
+        """The shape of each input of one measured request: one golden sample (made at every dynamic
+        dimension's opt), without the batch."""
+        batched = self.config.max_batch_size > 0
+        return {k: list(v.shape[1:] if batched else v.shape) for k, v in self.golden_inputs.items()}
+
     def candidate_config(self) -> model_config.ModelConfig:
         """Dark on the gate: `<model>__candidate`; an ensemble's steps run the members' candidates."""
         config = model_config.pin_version(model_config.renamed(self.config, candidate_name(self.model)), self.version)

@@ -328,7 +328,7 @@ def tune(
                     f"the candidate {bench.name} v{version} is not loaded on {gate_url}; run stage first."
                 )
             result = search(bench.measure, default, settings, size)
-            result.model, result.version = model, version
+            result.model, result.version, result.request_shapes = model, version, candidate.request_shapes
             if result.trials and result.trials[-1].settings != result.chosen:
                 bench.apply(result.chosen)
         finally:

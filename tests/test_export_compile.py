@@ -73,15 +73,29 @@ def test_model_exports_compiles_and_triton_answers_like_eager(key, tmp_path, sta
     _assert_triton_answers(stack, s3, folder, Tolerance(atol=1e-5, rtol=1e-4, int_mismatch=0.0), sets)
 
 
-def test_a_ranged_length_is_staged_and_gated_at_its_opt(tmp_path, stack):
-    """The gate's perf_analyzer sends the golden inputs, made at every ranged dimension's opt, and says so."""
-    from tests.release_helpers import ABSOLUTE_GATE, stage_and_gate, unique
+def test_a_ranged_length_is_staged_tuned_and_gated_at_its_opt(tmp_path, stack):
+    """Tune's and the gate's perf_analyzer send the golden inputs, made at every ranged dimension's opt, and
+    their reports say so."""
+    from components.gate import gate
+    from components.publish import publish
+    from components.stage import stage
+    from components.step_settings import TuneSettings
+    from components.tune import tune
+    from tests.release_helpers import ABSOLUTE_GATE, repository, unique
 
-    name = unique("ranged")
+    name, at_opt = unique("ranged"), {"items": [16], "target_idx": [1]}  # the length at its opt, 16
     compile_model(_export(tmp_path, "target_index"), tmp_path / name, name)
-    _version, staged, verdict = stage_and_gate(stack, tmp_path / name, ABSOLUTE_GATE, out=tmp_path / "gate")
-    assert staged.accuracy_passed and verdict.verdict == "pass", verdict.reasons
-    assert verdict.settings["request_shapes"] == {"items": [16], "target_idx": [1]}  # length at its opt, 16
+    version = publish(tmp_path / name, repository(stack), s3=stack.s3).version
+    staged = stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
+    assert staged.accuracy_passed, staged.load_error
+    searched = TuneSettings(load=ABSOLUTE_GATE.load, budget=1, instance_counts=(1,), queue_delays_us=(0,))
+    tuned = tune(repository(stack), name, version, stack.gate.http_url, searched, s3=stack.s3)
+    assert tuned.request_shapes == at_opt
+    verdict = gate(
+        repository(stack), name, version, stack.gate.http_url, ABSOLUTE_GATE, staged, tmp_path / "gate", s3=stack.s3
+    )
+    assert verdict.verdict == "pass", verdict.reasons
+    assert verdict.settings["request_shapes"] == at_opt
     assert "requests of items [16], target_idx [1]" in (tmp_path / "gate" / "report.md").read_text()
 
 
