@@ -28,6 +28,7 @@ DEFAULT_DESIGN: Design = "duet"
 DEFAULT_MIN_ROUNDS = gate_stats.MIN_ROUNDS
 DEFAULT_BUDGET_S = 120.0
 DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_PERF_TIMEOUT_S = 120.0  # gate, tune: one perf_analyzer run's limit before it counts as failed
 DEFAULT_MAX_REGRESSION_PCT = 10.0
 # perf_analyzer's stability check, relaxed: any three windows count as stable, so a run always reports.
 RELAXED_STABILITY_PCT = 1000.0
@@ -164,7 +165,7 @@ class GateSettings:
     budget_s: float = DEFAULT_BUDGET_S  # the whole decision's seconds after which an undecided gate is inconclusive
     max_attempts: int = DEFAULT_MAX_ATTEMPTS  # perf_analyzer runs per round before the round counts as lost
     confidence: float = gate_stats.CONFIDENCE
-    perf_timeout_s: float = 120.0
+    perf_timeout_s: float = DEFAULT_PERF_TIMEOUT_S
 
     def __post_init__(self) -> None:
         problems = [

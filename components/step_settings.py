@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 from components import perf
 from components.settings import (
@@ -20,6 +20,7 @@ from components.settings import (
     DEFAULT_INSTANCE_COUNTS,
     DEFAULT_INTRA_OP_THREAD_COUNTS,
     DEFAULT_LOAD_TIMEOUT_S,
+    DEFAULT_PERF_TIMEOUT_S,
     DEFAULT_PRECISION,
     DEFAULT_TARGET,
     DEFAULT_TENSORRT_OPT_BATCH,
@@ -38,9 +39,9 @@ from components.settings import (
     typed_flat,
 )
 
-EXPORT_METHODS = ("auto", "export", "script", "trace")
-TARGETS = ("torchscript", "tensorrt")
-PRECISIONS = ("fp32", "fp16", "bf16")
+EXPORT_METHODS: tuple[str, ...] = get_args(ExportMethod)
+TARGETS: tuple[str, ...] = get_args(Target)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 def _refuse(what: str, problems: list[str]) -> None:
@@ -237,7 +238,7 @@ class TuneSettings:
     queue_delays_us: tuple[int, ...] = (0, 500, 2000, 8000)
     # the TorchScript profiling executor on and off; a CPU model keeps its own (tune)
     optimized_executions: tuple[bool, ...] = (True, False)
-    perf_timeout_s: float = 120.0
+    perf_timeout_s: float = DEFAULT_PERF_TIMEOUT_S
     enabled: bool = True  # the pipeline's switch; `tritonship tune` always searches
 
     def __post_init__(self) -> None:
