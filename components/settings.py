@@ -80,6 +80,12 @@ class Parameter:
         return PIPELINE_DIFFERENCES.get(self.pipeline_name(name) or "", self.default)
 
 
+def refuse_invalid(what: str, problems: list[str]) -> None:
+    """A settings type's validation: one ValueError naming every problem found (the empty strings are none)."""
+    if any(problems):
+        raise ValueError(f"invalid {what} settings: " + "; ".join(p for p in problems if p))
+
+
 def typed_flat(table: dict[str, Parameter], flat: dict[str, Any], what: str) -> dict[str, Any]:
     """A flat form's values by the table (as KFP hands them over, text or floats for whole numbers become the
     default's type); missing names take their default; an unknown name or a value of the wrong type is refused."""
@@ -168,19 +174,24 @@ class GateSettings:
     perf_timeout_s: float = DEFAULT_PERF_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        problems = [
-            f"concurrency must be at least 1, not {self.concurrency}" if self.concurrency < 1 else "",
-            f"window_ms must be at least 100, not {self.window_ms}" if self.window_ms < 100 else "",
-            f"design must be one of {', '.join(DESIGNS)}, not {self.design!r}" if self.design not in DESIGNS else "",
-            f"min_rounds must be at least {gate_stats.MIN_ROUNDS}, not {self.min_rounds}"
-            if self.min_rounds < gate_stats.MIN_ROUNDS
-            else "",
-            f"budget_s must be positive, not {self.budget_s}" if self.budget_s <= 0 else "",
-            f"max_attempts must be at least 1, not {self.max_attempts}" if self.max_attempts < 1 else "",
-            f"confidence must be between 0.5 and 1, not {self.confidence}" if not 0.5 <= self.confidence < 1 else "",
-        ]
-        if any(problems):
-            raise ValueError("invalid gate settings: " + "; ".join(p for p in problems if p))
+        refuse_invalid(
+            "gate",
+            [
+                f"concurrency must be at least 1, not {self.concurrency}" if self.concurrency < 1 else "",
+                f"window_ms must be at least 100, not {self.window_ms}" if self.window_ms < 100 else "",
+                f"design must be one of {', '.join(DESIGNS)}, not {self.design!r}"
+                if self.design not in DESIGNS
+                else "",
+                f"min_rounds must be at least {gate_stats.MIN_ROUNDS}, not {self.min_rounds}"
+                if self.min_rounds < gate_stats.MIN_ROUNDS
+                else "",
+                f"budget_s must be positive, not {self.budget_s}" if self.budget_s <= 0 else "",
+                f"max_attempts must be at least 1, not {self.max_attempts}" if self.max_attempts < 1 else "",
+                f"confidence must be between 0.5 and 1, not {self.confidence}"
+                if not 0.5 <= self.confidence < 1
+                else "",
+            ],
+        )
 
     @classmethod
     def from_flat(cls, **flat: Any) -> GateSettings:

@@ -36,17 +36,13 @@ from components.settings import (
     Parameter,
     Precision,
     Target,
+    refuse_invalid,
     typed_flat,
 )
 
 EXPORT_METHODS: tuple[str, ...] = get_args(ExportMethod)
 TARGETS: tuple[str, ...] = get_args(Target)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
-
-
-def _refuse(what: str, problems: list[str]) -> None:
-    if any(problems):
-        raise ValueError(f"invalid {what} settings: " + "; ".join(p for p in problems if p))
 
 
 class _Flat:
@@ -80,7 +76,7 @@ class ExportSettings(_Flat):
     method: ExportMethod = DEFAULT_EXPORT_METHOD
 
     def __post_init__(self) -> None:
-        _refuse(
+        refuse_invalid(
             "export",
             [
                 f"golden_samples must be at least 1, not {self.golden_samples}" if self.golden_samples < 1 else "",
@@ -121,7 +117,7 @@ class CompileSettings(_Flat):
 
     def __post_init__(self) -> None:
         bad_tolerance = [n for n in ("atol", "rtol", "int_mismatch") if (getattr(self, n) or 0) < 0]
-        _refuse(
+        refuse_invalid(
             "compile",
             [
                 f"target must be one of {', '.join(TARGETS)}, not {self.target!r}"
@@ -165,7 +161,7 @@ class ModelLoadSettings(_Flat):
     load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        _refuse(
+        refuse_invalid(
             "load", [f"load_timeout_s must be positive, not {self.load_timeout_s}" if self.load_timeout_s <= 0 else ""]
         )
 
@@ -242,7 +238,7 @@ class TuneSettings:
     enabled: bool = True  # the pipeline's switch; `tritonship tune` always searches
 
     def __post_init__(self) -> None:
-        _refuse(
+        refuse_invalid(
             "tune",
             [
                 f"budget must be at least 1, not {self.budget}" if self.budget < 1 else "",
@@ -290,7 +286,7 @@ class RepoGcSettings(_Flat):
     dry_run: bool = False
 
     def __post_init__(self) -> None:
-        _refuse(
+        refuse_invalid(
             "repo gc",
             [
                 f"grace must not be negative, not {self.grace}" if self.grace < 0 else "",
