@@ -10,7 +10,7 @@ random weights; exported with the default method and compiled to TorchScript on 
 `--precision`), publish it to the embedded S3, stage it dark on the gate (accuracy against the eager
 reference), tune it (one setting for every member, the pre/post steps with an instance count of their own, at
 concurrency `--tune-concurrency`), gate it (a first
-release: the absolute limit p99 <= `--max-p99-ms` at that load) and promote it to the production replica.
+release: the absolute limit p99 <= `--gate-p99-ms` at that load) and promote it to the production replica.
 
 Then, on that replica, for each serving config (the users': max_batch_size 1, one instance, no dynamic
 batching; and the tuned one) and each served form of the model step that `--forms` names (`torchscript`,
@@ -21,7 +21,9 @@ concurrency sweep with perf_analyzer over each protocol `--protocols` names (`ht
 2.51 sends its `-H` header over HTTP only, so with gRPC the stack leaves the model-config API open, which
 perf_analyzer reads; load and unload stay locked). Per point: throughput, p99,
 the GPU's utilisation and memory (Triton's metrics endpoint; NVML when Triton reports none) and, per
-ensemble step, its mean queue and compute time and batch size (Triton's statistics API): where the time goes.
+ensemble step, its mean queue and compute time and batch size, and what one execution costs inside the
+backend (input, infer, output; Triton's statistics API): where the time goes. Beside them, the compiled
+model.pt alone in this process at batch 1 to 256 (no server): the reference for the model step's infer.
 `--instances 1x4 2x4` also serves the tuned settings with other instance counts (model x each step).
 Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_<forms>][_<protocols>][_instances]_pytorch_backend.json
 (the files without `_pytorch_backend` were measured with the model step in the Python backend).
@@ -47,7 +49,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components import admin_key, ensemble, perf, server_metrics
+from components import admin_key, ensemble, model_folder, perf, server_metrics
 from components.gate import gate
 from components.model_config import ServingSettings
 from components.promote import promote
@@ -67,6 +69,7 @@ USERS_DEFAULT = ServingSettings(max_batch_size=1, dynamic_batching=False, instan
 WINDOW_MS = 1000
 RATE_THREADS = 128  # enough client threads for 30,000 requests/s of a few milliseconds each
 USERS_RATES = [1500, 2000, 2500, 3000]  # the users' own load: perf_analyzer --request-rate-range 1500:3000:500
+PLAIN_BATCHES = [1, 8, 32, 128, 256]
 
 
 def load_ensemble(
@@ -159,14 +162,33 @@ def step_breakdown(before: dict, after: dict) -> dict:
         count = delta("success", "count")
         executions = float(now.get("execution_count", 0)) - float(was.get("execution_count", 0))
         if count > 0:
-            compute_ns = delta("compute_input") + delta("compute_infer") + delta("compute_output")
+            parts = {part: delta(f"compute_{part}") for part in ("input", "infer", "output")}
             out[now["name"]] = {
                 "requests": int(count),
                 "mean_batch": round(count / executions, 2) if executions else None,
                 "queue_us": round(delta("queue") / count / 1000, 1),
-                "compute_us": round(compute_ns / count / 1000, 1),
+                "compute_us": round(sum(parts.values()) / count / 1000, 1),
+                # per execution: what one batch costs in the backend (inputs in, the model, outputs out)
+                **{
+                    f"{part}_us_per_batch": round(ns / executions / 1000, 1) for part, ns in parts.items() if executions
+                },
             }
     return out
+
+
+def plain_model_ms(model_file: Path, inputs: dict[str, np.ndarray], device: str, batches: list[int]) -> list[dict]:
+    """The compiled model.pt run in this process, no server: the median milliseconds of one batch (inputs
+    already on the device, outputs back on the host) at each batch size, the reference for the backend's."""
+    from benchmarks.compiled_speed import median_ms
+
+    model = torch.jit.load(str(model_file), map_location=device).eval()
+    rows = []
+    for batch in batches:
+        args = [torch.from_numpy(np.resize(a, (batch, *a.shape[1:]))).to(device) for a in inputs.values()]
+        ms = median_ms(model, args, device, repeats=50, warmup=10)
+        rows.append({"batch": batch, "ms": round(ms, 3), "infer_per_s": round(batch / ms * 1000)})
+        print(f"  plain model.pt, batch {batch:>3}: {ms:6.3f} ms ({batch / ms * 1000:,.0f} infer/s)", flush=True)
+    return rows
 
 
 def measure_point(server, name: str, data: Path, load: perf.LoadSettings) -> dict:
@@ -206,6 +228,7 @@ def sweep(server, name: str, data: Path, args) -> list[dict]:
             at = f"rate {p['request_rate']:g}" if p["request_rate"] else f"conc {p['concurrency']}"
             steps = " ".join(
                 f"{step}:q{s['queue_us']:.0f}/c{s['compute_us']:.0f}/b{s['mean_batch']}"
+                f"/x{s.get('infer_us_per_batch', 0):.0f}"
                 for step, s in p["steps"].items()
             )
             print(
@@ -236,7 +259,12 @@ def main() -> None:
     parser.add_argument("--size", default="users", choices=("users", "demo"))
     parser.add_argument("--rates", type=float, nargs="*", default=[*USERS_RATES, 10000, 20000, 30000])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
-    parser.add_argument("--tune-concurrency", type=int, default=64, help="where the pre/post steps are the limit")
+    parser.add_argument(
+        "--tune-concurrency", type=int, default=32, help="tune's and the gate's load: 10,000/s at 3.2 ms in flight"
+    )
+    parser.add_argument(
+        "--tune-p99-ms", type=float, default=None, help="tune's p99 limit; default: the default setting's p99 + slack"
+    )
     parser.add_argument("--tune-budget", type=int, default=14)
     parser.add_argument(
         "--targets",
@@ -283,6 +311,10 @@ def main() -> None:
         tolerance = bert4rec.USERS_FP16_TOLERANCE if args.precision == "fp16" and args.size == "users" else None
         bundle = bert4rec.build_bundle(Path(tmp) / "bundle", factory, name, args.device, args.precision, tolerance)
         report["build_seconds"] = time.monotonic() - t
+        compiled = model_folder.read(bundle / f"{name}_model")
+        report["plain_model"] = plain_model_ms(
+            compiled.version_dir / model_folder.MODEL_FILE, compiled.golden()[0], args.device, PLAIN_BATCHES
+        )
         version = publish(bundle, repo_uri, "gpu-bench", s3=stack.s3).version
         staged = stage(repo_uri, name, version, stack.gate.http_url, s3=stack.s3, run_id="gpu-bench")
         report["stage"] = json.loads(staged.to_json())
@@ -295,7 +327,7 @@ def main() -> None:
             name,
             version,
             stack.gate.http_url,
-            TuneSettings(load=load, max_p99_ms=args.gate_p99_ms, budget=args.tune_budget, instance_counts=(1, 2, 4)),
+            TuneSettings(load=load, max_p99_ms=args.tune_p99_ms, budget=args.tune_budget, instance_counts=(1, 2, 4)),
             s3=stack.s3,
             run_id="gpu-bench",
             metrics_url=stack.gate.metrics_url,

@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_served_speed.sh pack   # here: writes .gpu/{tools,stub312,site312}.tar.xz (~77 MB)
 #   bash benchmarks/gpu_served_speed.sh run    # there, from the repo root (see benchmarks/README.md)
 #   bash benchmarks/gpu_served_speed.sh backend   # there: the GPU build of the PyTorch backend and its gpu tests
+#   bash benchmarks/gpu_served_speed.sh tests     # there: every gpu-marked test
 #   bash benchmarks/gpu_served_speed.sh bert4rec fp16 [--forms torchscript,eager] [--protocols http,grpc] [--instances 1x4 2x4]   # there: the users' BERT4Rec ensemble
 #   bash benchmarks/gpu_served_speed.sh gate --injections 0:10,25:5   # there: the gate on the GPU
 #
@@ -91,6 +92,12 @@ backend() {
   unpack || exit 0
   python3 -m pytest -p no:cacheprovider -m gpu -k gpu_instance tests/test_export_compile.py 2>&1 \
     | tee "$OUT/pytest_gpu_backend.log"
+}
+
+# Every gpu-marked test: CUDA TorchScript served by the backend's GPU build, and the ensemble release test.
+tests() {
+  unpack || exit 0
+  python3 -m pytest -p no:cacheprovider -m gpu --durations=10 tests/ 2>&1 | tee "$OUT/pytest_gpu_h200.log"
 }
 
 # The users' BERT4Rec ensemble released and served default against tuned (benchmarks/gpu_bert4rec.py), one

@@ -122,21 +122,26 @@ def compile_tensorrt(module: nn.Module, exported: ExportedModel, settings: dict[
 
 
 # -------------------------------------------------------------------------------- TorchScript
-class _HalfPrecision(nn.Module):
-    """Runs the model in fp16 but keeps the client's I/O dtypes: float inputs in, float outputs out."""
+class GpuServing(nn.Module):
+    """A CUDA model as the PyTorch backend serves it: in fp16 when `half` (the client's I/O dtypes kept) and
+    its outputs handed back on the host. A client's answer goes to the host anyway; an ensemble's Python
+    step would otherwise copy them from the GPU itself, on CUDA's legacy default stream, which waits for
+    every kernel the model's instances have queued (benchmarks/README.md: the post step's milliseconds)."""
 
-    def __init__(self, model: nn.Module, output_dtypes: list[torch.dtype]) -> None:
+    def __init__(self, model: nn.Module, output_dtypes: list[torch.dtype], half: bool) -> None:
         super().__init__()
-        if isinstance(model, torch.jit.ScriptModule):  # a trace keeps the fp32 it was traced in
+        if half and isinstance(model, torch.jit.ScriptModule):  # a trace keeps the fp32 it was traced in
             trace_retarget.point_at_dtype(model, torch.float32, torch.float16)
-        self.model = model.half()
+        self.model = model.half() if half else model
         self.output_dtypes = output_dtypes
+        self.half = half
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        cast = [a.half() if a.is_floating_point() else a for a in args]
+        cast = [a.half() if self.half and a.is_floating_point() else a for a in args]
         result = self.model(*cast)
         outputs = (result,) if isinstance(result, torch.Tensor) else tuple(result)
-        return tuple(o.to(d) for o, d in zip(outputs, self.output_dtypes, strict=True))
+        host = torch.device("cpu")
+        return tuple(o.to(device=host, dtype=d) for o, d in zip(outputs, self.output_dtypes, strict=True))
 
 
 def compile_torchscript(
@@ -151,8 +156,8 @@ def compile_torchscript(
     if not signature.batch:
         example = tuple(torch.from_numpy(a).to(device) for a in exported.golden_inputs.values())
     module = module.to(device)  # already in inference mode; exported graph modules refuse .eval()
-    if precision == "fp16":
-        module = _HalfPrecision(module, [s.torch_dtype for s in signature.outputs])
+    if device.startswith("cuda"):
+        module = GpuServing(module, [s.torch_dtype for s in signature.outputs], half=precision == "fp16")
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer warnings about runtime asserts of exported graphs
         scripted = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from components import model_config, model_folder, trace_retarget
-from components.compile import CompileError, ParityError, compile_model, tensorrt_compile_settings
+from components.compile import CompileError, GpuServing, ParityError, compile_model, tensorrt_compile_settings
 from components.export import ExportError, export, read_export
 from components.parity import Tolerance, compare
 from components.signature import POINTS, Signature, SignatureError
@@ -437,7 +438,26 @@ def test_cuda_torchscript_passes_parity(key, precision, tmp_path):
     export_dir = _export(tmp_path, key)
     result = compile_model(export_dir, tmp_path / "out", key, precision=precision, device="cuda")
     assert all(r.passed for r in result.parity)
-    assert model_folder.read(tmp_path / "out").fingerprint()["gpu"]
+    folder = model_folder.read(tmp_path / "out")
+    assert folder.fingerprint()["gpu"]
+    served = torch.jit.load(str(folder.version_dir / model_folder.MODEL_FILE), map_location="cuda")
+    outputs = served(*(torch.from_numpy(a).cuda() for a in folder.golden()[0].values()))
+    assert [(o.device.type, o.dtype) for o in outputs] == [("cpu", s.torch_dtype) for s in folder.signature.outputs]
+
+
+def test_the_gpu_serving_wrapper_keeps_the_clients_dtypes_and_answers_on_the_host():
+    """The CPU sibling of test_cuda_torchscript_passes_parity's output check: the wrapper compile puts around a
+    CUDA model, traced here on the CPU in fp16, takes and gives the signature's dtypes, on the host."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        traced = torch.jit.trace(GpuServing(copy.deepcopy(model), [torch.float32], half=True), (x,))
+        (answer,) = traced(x)
+        assert answer.device.type == "cpu" and answer.dtype == torch.float32
+        torch.testing.assert_close(answer, model(x), rtol=1e-2, atol=1e-2)
+        to_host = [n for n in traced.graph.findAllNodes("aten::to") if "cpu" in str(n)]
+        assert to_host, "the traced wrapper does not move its outputs to the host"
 
 
 @pytest.mark.gpu
