@@ -24,7 +24,8 @@ the GPU's utilisation and memory (Triton's metrics endpoint; NVML when Triton re
 ensemble step, its mean queue and compute time and batch size, and what one execution costs inside the
 backend (input, infer, output; Triton's statistics API): where the time goes. Beside them, the compiled
 model.pt alone in this process at batch 1 to 256 (no server): the reference for the model step's infer.
-`--instances 1x4 2x4` also serves the tuned settings with other instance counts (model x each step).
+`--instances 1x4 2x4:off` also serves the tuned settings with other instance counts (model x each step),
+and with the TorchScript profiling executor on or off; `--no-users` leaves the users' config out.
 Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_<forms>][_<protocols>][_instances]_pytorch_backend.json
 (the files without `_pytorch_backend` were measured with the model step in the Python backend).
 """
@@ -162,16 +163,14 @@ def step_breakdown(before: dict, after: dict) -> dict:
         count = delta("success", "count")
         executions = float(now.get("execution_count", 0)) - float(was.get("execution_count", 0))
         if count > 0:
-            parts = {part: delta(f"compute_{part}") for part in ("input", "infer", "output")}
+            # Triton counts a batch's whole duration for each request in it: per request is per execution
+            parts = {part: delta(f"compute_{part}") / count / 1000 for part in ("input", "infer", "output")}
             out[now["name"]] = {
                 "requests": int(count),
                 "mean_batch": round(count / executions, 2) if executions else None,
                 "queue_us": round(delta("queue") / count / 1000, 1),
-                "compute_us": round(sum(parts.values()) / count / 1000, 1),
-                # per execution: what one batch costs in the backend (inputs in, the model, outputs out)
-                **{
-                    f"{part}_us_per_batch": round(ns / executions / 1000, 1) for part, ns in parts.items() if executions
-                },
+                "compute_us": round(sum(parts.values()), 1),
+                **{f"compute_{part}_us": round(us, 1) for part, us in parts.items()},
             }
     return out
 
@@ -228,7 +227,7 @@ def sweep(server, name: str, data: Path, args) -> list[dict]:
             at = f"rate {p['request_rate']:g}" if p["request_rate"] else f"conc {p['concurrency']}"
             steps = " ".join(
                 f"{step}:q{s['queue_us']:.0f}/c{s['compute_us']:.0f}/b{s['mean_batch']}"
-                f"/x{s.get('infer_us_per_batch', 0):.0f}"
+                f"/i{s['compute_input_us']:.0f}+x{s['compute_infer_us']:.0f}+o{s['compute_output_us']:.0f}"
                 for step, s in p["steps"].items()
             )
             print(
@@ -244,12 +243,16 @@ def best_within(points: list[dict], max_p99_ms: float) -> dict | None:
     return max(within, key=lambda p: p["throughput"], default=None)
 
 
-def instance_pair(text: str) -> tuple[int, int]:
-    """`MxS`: M model instances and S instances of each pre/post step, both whole numbers of 1 or more."""
-    model_count, _, step_count = text.partition("x")
-    if not (model_count.isdigit() and step_count.isdigit() and int(model_count) > 0 and int(step_count) > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not MxS with whole numbers of 1 or more, e.g. 1x4")
-    return int(model_count), int(step_count)
+def instance_pair(text: str) -> tuple[int, int, bool | None]:
+    """`MxS[:on|:off]`: M model instances and S instances of each pre/post step, both whole numbers of 1 or
+    more, and the TorchScript profiling executor on or off (left out: as tuned)."""
+    pair, _, executor = text.partition(":")
+    model_count, _, step_count = pair.partition("x")
+    if not (model_count.isdigit() and step_count.isdigit() and int(model_count) > 0 and int(step_count) > 0) or (
+        executor not in ("", "on", "off")
+    ):
+        raise argparse.ArgumentTypeError(f"{text!r} is not MxS[:on|:off] with whole numbers of 1 or more, e.g. 1x4:off")
+    return int(model_count), int(step_count), {"": None, "on": True, "off": False}[executor]
 
 
 def main() -> None:
@@ -281,7 +284,11 @@ def main() -> None:
         type=instance_pair,
         default=[],
         metavar="MxS",
-        help="also serve the tuned settings with M model instances and S of each step, e.g. 1x4",
+        help="also serve the tuned settings with M model instances and S of each step, e.g. 1x4, and the "
+        "TorchScript profiling executor on or off, e.g. 2x4:off",
+    )
+    parser.add_argument(
+        "--users", action=argparse.BooleanOptionalAction, default=True, help="serve the users' config too"
     )
     parser.add_argument(
         "--tuned-from",
@@ -406,14 +413,14 @@ def main() -> None:
         report["configs"] = []
         admin = TritonAdmin(server.http_url, load_timeout=300)
         for form, eager in forms.items():
-            configs = [("users' default", USERS_DEFAULT), ("tuned", tuning.chosen)]
-            for model_count, step_count in args.instances:
-                configs.append(
-                    (
-                        f"tuned, {model_count}x{step_count}",
-                        dataclasses.replace(tuning.chosen, instance_count=model_count, step_instance_count=step_count),
-                    )
-                )
+            configs = [("users' default", USERS_DEFAULT)] if args.users else []
+            configs.append(("tuned", tuning.chosen))
+            for model_count, step_count, executor in args.instances:
+                variant = dataclasses.replace(tuning.chosen, instance_count=model_count, step_instance_count=step_count)
+                if executor is not None:
+                    variant = dataclasses.replace(variant, optimized_execution=executor)
+                executor_label = "" if executor is None else f", executor {'on' if executor else 'off'}"
+                configs.append((f"tuned, {model_count}x{step_count}{executor_label}", variant))
             for label, settings in configs:
                 print(f"  {form}, {label}: {settings}", flush=True)
                 try:
