@@ -205,6 +205,7 @@ def measure_point(server, name: str, data: Path, load: perf.LoadSettings) -> dic
         "ok": run.ok,
         "reason": "" if run.ok else run.reason,
         "throughput": point.throughput if point else None,
+        "p50_ms": float(np.percentile(run.latencies_us, 50)) / 1000 if run.latencies_us.size else None,
         "p99_ms": float(np.percentile(run.latencies_us, 99)) / 1000 if run.latencies_us.size else None,
         "server_queue_us": point.server_queue_us if point else None,
         "server_compute_us": point.server_compute_us if point else None,
@@ -231,7 +232,8 @@ def sweep(server, name: str, data: Path, args) -> list[dict]:
                 for step, s in p["steps"].items()
             )
             print(
-                f"    {protocol:<4} {at:<11} {p['throughput'] or 0:>9,.0f} infer/s  p99 {p['p99_ms'] or 0:7.2f} ms "
+                f"    {protocol:<4} {at:<11} {p['throughput'] or 0:>9,.0f} infer/s  p50 {p['p50_ms'] or 0:6.2f} "
+                f"p99 {p['p99_ms'] or 0:7.2f} ms "
                 f"{steps} {p['reason']}",
                 flush=True,
             )
