@@ -456,8 +456,13 @@ def test_the_gpu_serving_wrapper_keeps_the_clients_dtypes_and_answers_on_the_hos
         (answer,) = traced(x)
         assert answer.device.type == "cpu" and answer.dtype == torch.float32
         torch.testing.assert_close(answer, model(x), rtol=1e-2, atol=1e-2)
-        to_host = [n for n in traced.graph.findAllNodes("aten::to") if "cpu" in str(n)]
-        assert to_host, "the traced wrapper does not move its outputs to the host"
+    moves = [
+        i.node().s("value")
+        for n in traced.graph.findAllNodes("aten::to")
+        for i in n.inputs()
+        if i.type().kind() == "DeviceObjType"
+    ]
+    assert moves == ["cpu"], "the traced wrapper must move its one output to the host, and only there"
 
 
 @pytest.mark.gpu
