@@ -22,7 +22,7 @@ concurrency sweep with perf_analyzer over each protocol `--protocols` names (`ht
 perf_analyzer reads; load and unload stay locked). Per point: throughput, p99,
 the GPU's utilisation and memory (Triton's metrics endpoint; NVML when Triton reports none) and, per
 ensemble step, its mean queue and compute time and batch size, and what one execution costs inside the
-backend (input, infer, output; Triton's statistics API): where the time goes. Beside them, the compiled
+backend (input, infer, output; Triton's statistics API; benchmarks/served_points.py): where the time goes. Beside them, the compiled
 model.pt alone in this process at batch 1 to 256 (no server): the reference for the model step's infer.
 `--instances 1x4 2x4:off` also serves the tuned settings with other instance counts (model x each step),
 and with the TorchScript profiling executor on or off; `--no-users` leaves the users' config out.
@@ -33,24 +33,20 @@ Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_<forms>][_<protocol
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
-import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components import admin_key, ensemble, model_folder, perf, server_metrics
+from benchmarks.served_points import WINDOW_MS, best_within, plain_model_ms, sweep
+from components import admin_key, ensemble, model_folder, perf
 from components.gate import gate
 from components.model_config import ServingSettings
 from components.promote import promote
@@ -67,8 +63,6 @@ from pipelines.stack import EmbeddedStack
 
 HERE = Path(__file__).parent
 USERS_DEFAULT = ServingSettings(max_batch_size=1, dynamic_batching=False, instance_count=1)  # as the users had it
-WINDOW_MS = 1000
-RATE_THREADS = 128  # enough client threads for 30,000 requests/s of a few milliseconds each
 USERS_RATES = [1500, 2000, 2500, 3000]  # the users' own load: perf_analyzer --request-rate-range 1500:3000:500
 PLAIN_BATCHES = [1, 8, 32, 128, 256]
 
@@ -113,136 +107,6 @@ def eager_files(factory: str, precision: str, version: int) -> dict:
             f"file:{version}/state_dict.pt": weights,
         },
     }
-
-
-@contextlib.contextmanager
-def gpu_sampler(metrics_url: str) -> Iterator[dict]:
-    """Triton's metrics while the block runs; the GPU's own figures (NVML) beside them when Triton has none."""
-    figures: dict = {}
-    nvml_samples: list[tuple[float, float]] = []
-    stop = threading.Event()
-
-    def nvml() -> None:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        except Exception:  # no NVML here (a CPU machine)
-            return
-        while not stop.wait(0.25):
-            nvml_samples.append(
-                (pynvml.nvmlDeviceGetUtilizationRates(handle).gpu, pynvml.nvmlDeviceGetMemoryInfo(handle).used)
-            )
-
-    thread = threading.Thread(target=nvml, daemon=True)
-    thread.start()
-    with server_metrics.Sampler(metrics_url) as sampler:
-        yield figures
-    stop.set()
-    thread.join(timeout=2)
-    figures.update(sampler.summary())
-    if "gpu_util_pct_mean" not in figures and nvml_samples:
-        figures["nvml_gpu_util_pct_mean"] = statistics.mean(u for u, _ in nvml_samples)
-        figures["nvml_gpu_memory_gib_max"] = max(m for _, m in nvml_samples) / 2**30
-
-
-def step_breakdown(before: dict, after: dict) -> dict:
-    """Per model, from two readings of Triton's statistics: requests, mean batch size, mean queue and
-    compute (input, infer, output) microseconds per request."""
-    old = {m["name"]: m for m in before.get("model_stats", [])}
-    out = {}
-    for now in after.get("model_stats", []):
-        was = old.get(now["name"], {})
-
-        def delta(stat: str, key: str = "ns", now: dict = now, was: dict = was) -> float:
-            return float(now.get("inference_stats", {}).get(stat, {}).get(key, 0)) - float(
-                was.get("inference_stats", {}).get(stat, {}).get(key, 0)
-            )
-
-        count = delta("success", "count")
-        executions = float(now.get("execution_count", 0)) - float(was.get("execution_count", 0))
-        if count > 0:
-            # Triton counts a batch's whole duration for each request in it: per request is per execution
-            parts = {part: delta(f"compute_{part}") / count / 1000 for part in ("input", "infer", "output")}
-            out[now["name"]] = {
-                "requests": int(count),
-                "mean_batch": round(count / executions, 2) if executions else None,
-                "queue_us": round(delta("queue") / count / 1000, 1),
-                "compute_us": round(sum(parts.values()), 1),
-                **{f"compute_{part}_us": round(us, 1) for part, us in parts.items()},
-            }
-    return out
-
-
-def plain_model_ms(model_file: Path, inputs: dict[str, np.ndarray], device: str, batches: list[int]) -> list[dict]:
-    """The compiled model.pt run in this process, no server: the median milliseconds of one batch (inputs
-    already on the device, outputs back on the host) at each batch size, the reference for the backend's."""
-    from benchmarks.compiled_speed import median_ms
-
-    model = torch.jit.load(str(model_file), map_location=device).eval()
-    rows = []
-    for batch in batches:
-        args = [torch.from_numpy(np.resize(a, (batch, *a.shape[1:]))).to(device) for a in inputs.values()]
-        ms = median_ms(model, args, device, repeats=50, warmup=10)
-        rows.append({"batch": batch, "ms": round(ms, 3), "infer_per_s": round(batch / ms * 1000)})
-        print(f"  plain model.pt, batch {batch:>3}: {ms:6.3f} ms ({batch / ms * 1000:,.0f} infer/s)", flush=True)
-    return rows
-
-
-def measure_point(server, name: str, data: Path, load: perf.LoadSettings) -> dict:
-    admin = TritonAdmin(server.http_url)
-    before = admin.statistics()
-    url = server.grpc_url if load.protocol == "grpc" else server.http_url
-    with gpu_sampler(server.metrics_url) as gpu:
-        run = perf.measure(url, name, data, load, timeout=120)
-    after = admin.statistics()
-    point = run.points[0] if run.ok else None
-    return {
-        "protocol": load.protocol,
-        "concurrency": None if load.request_rate else load.concurrency,
-        "request_rate": load.request_rate,
-        "ok": run.ok,
-        "reason": "" if run.ok else run.reason,
-        "throughput": point.throughput if point else None,
-        "p50_ms": float(np.percentile(run.latencies_us, 50)) / 1000 if run.latencies_us.size else None,
-        "p99_ms": float(np.percentile(run.latencies_us, 99)) / 1000 if run.latencies_us.size else None,
-        "server_queue_us": point.server_queue_us if point else None,
-        "server_compute_us": point.server_compute_us if point else None,
-        "gpu": gpu,
-        "steps": step_breakdown(before, after),
-    }
-
-
-def sweep(server, name: str, data: Path, args) -> list[dict]:
-    steady = {"window_ms": WINDOW_MS, "stability_pct": RELAXED_STABILITY_PCT}
-    perf.measure(server.http_url, name, data, perf.LoadSettings(concurrency=max(args.concurrency), **steady))  # warm-up
-    points = []
-    for protocol in args.protocols.split(","):
-        over = steady | {"protocol": protocol}
-        loads = [perf.LoadSettings(request_rate=r, max_threads=RATE_THREADS, **over) for r in args.rates]
-        loads += [perf.LoadSettings(concurrency=c, **over) for c in args.concurrency]
-        for load in loads:
-            points.append(measure_point(server, name, data, load))
-            p = points[-1]
-            at = f"rate {p['request_rate']:g}" if p["request_rate"] else f"conc {p['concurrency']}"
-            steps = " ".join(
-                f"{step}:q{s['queue_us']:.0f}/c{s['compute_us']:.0f}/b{s['mean_batch']}"
-                f"/i{s['compute_input_us']:.0f}+x{s['compute_infer_us']:.0f}+o{s['compute_output_us']:.0f}"
-                for step, s in p["steps"].items()
-            )
-            print(
-                f"    {protocol:<4} {at:<11} {p['throughput'] or 0:>9,.0f} infer/s  p50 {p['p50_ms'] or 0:6.2f} "
-                f"p99 {p['p99_ms'] or 0:7.2f} ms "
-                f"{steps} {p['reason']}",
-                flush=True,
-            )
-    return points
-
-
-def best_within(points: list[dict], max_p99_ms: float) -> dict | None:
-    within = [p for p in points if p["ok"] and p["p99_ms"] is not None and p["p99_ms"] <= max_p99_ms]
-    return max(within, key=lambda p: p["throughput"], default=None)
 
 
 def instance_pair(text: str) -> tuple[int, int, bool | None]:
@@ -434,7 +298,7 @@ def main() -> None:
                 for target in args.targets.split(","):
                     print(f"   {target}", flush=True)
                     served, served_data = targets[target]
-                    points = sweep(server, served, served_data, args)
+                    points = sweep(server, served, served_data, args.protocols.split(","), args.rates, args.concurrency)
                     report["configs"].append(
                         {
                             "form": form,
