@@ -19,11 +19,11 @@ run that is not recorded (the first requests after a load pay for CUDA's and Tor
 request-rate sweep and a
 concurrency sweep with perf_analyzer over each protocol `--protocols` names (`http`; `grpc`: perf_analyzer
 2.51 sends its `-H` header over HTTP only, so with gRPC the stack leaves the model-config API open, which
-perf_analyzer reads; load and unload stay locked). Per point: throughput, p99,
-the GPU's utilisation and memory (Triton's metrics endpoint; NVML when Triton reports none) and, per
-ensemble step, its mean queue and compute time and batch size, and what one execution costs inside the
-backend (input, infer, output; Triton's statistics API; benchmarks/served_points.py): where the time goes. Beside them, the compiled
-model.pt alone in this process at batch 1 to 256 (no server): the reference for the model step's infer.
+perf_analyzer reads; load and unload stay locked). Per point (benchmarks/served_points.py): throughput,
+p50 and p99, the GPU's utilisation and memory (Triton's metrics endpoint; NVML when Triton reports none)
+and, per ensemble step, its mean queue and batch size and what one execution costs inside the backend
+(input, infer, output; Triton's statistics API): where the time goes. Beside them, the compiled model.pt
+alone in this process at batch 1 to 256 (no server): the reference for the model step's infer.
 `--instances 1x4 2x4:off` also serves the tuned settings with other instance counts (model x each step),
 and with the TorchScript profiling executor on or off; `--no-users` leaves the users' config out.
 Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_<forms>][_<protocols>][_instances]_pytorch_backend.json
