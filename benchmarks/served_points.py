@@ -55,8 +55,8 @@ def gpu_sampler(metrics_url: str) -> Iterator[dict]:
 
 
 def step_breakdown(before: dict, after: dict) -> dict:
-    """Per model, from two readings of Triton's statistics: requests, mean batch size, mean queue and
-    compute (input, infer, output) microseconds per request."""
+    """Per model, from two readings of Triton's statistics: requests, mean batch size, and in microseconds
+    the mean queue of a request and the mean execution (input, infer, output) a request was in."""
     old = {m["name"]: m for m in before.get("model_stats", [])}
     out = {}
     for now in after.get("model_stats", []):
@@ -70,7 +70,7 @@ def step_breakdown(before: dict, after: dict) -> dict:
         count = delta("success", "count")
         executions = float(now.get("execution_count", 0)) - float(was.get("execution_count", 0))
         if count > 0:
-            # Triton counts a batch's whole duration for each request in it: per request is per execution
+            # Triton adds a batch's whole duration to each request in it, not a share of it
             parts = {part: delta(f"compute_{part}") / count / 1000 for part in ("input", "infer", "output")}
             out[now["name"]] = {
                 "requests": int(count),
