@@ -26,6 +26,9 @@ and, per ensemble step, its mean queue and batch size and what one execution cos
 alone in this process at batch 1 to 256 (no server): the reference for the model step's infer.
 `--instances 1x4 2x4:off` also serves the tuned settings with other instance counts (model x each step),
 and with the TorchScript profiling executor on or off; `--no-users` leaves the users' config out.
+`--client-cpus 0 4` measures each sweep twice: perf_analyzer on every core beside the server (one host, as
+the users measured), then on 4 cores of its own with the server on the rest (as a client on another host);
+each point records the cores perf_analyzer, tritonserver and the Python steps' stubs kept busy.
 Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_<forms>][_<protocols>][_instances]_pytorch_backend.json
 (the files without `_pytorch_backend` were measured with the model step in the Python backend).
 """
@@ -154,6 +157,15 @@ def main() -> None:
         "TorchScript profiling executor on or off, e.g. 2x4:off",
     )
     parser.add_argument(
+        "--client-cpus",
+        type=int,
+        nargs="+",
+        default=[0],
+        metavar="N",
+        help="where perf_analyzer runs, each in turn: 0 on every core beside the server (one host), N on the "
+        "last N cores alone with the server on the rest (as a client on another host would)",
+    )
+    parser.add_argument(
         "--users", action=argparse.BooleanOptionalAction, default=True, help="serve the users' config too"
     )
     parser.add_argument(
@@ -173,7 +185,8 @@ def main() -> None:
     }
     forms = "" if args.forms == "torchscript" else "_" + args.forms.replace(",", "_")
     protocols = "" if args.protocols == "http" else "_" + args.protocols.replace(",", "_")
-    suffix = forms + protocols + ("_instances" if args.instances else "")
+    placed = "_client" + "_".join(map(str, args.client_cpus)) if args.client_cpus != [0] else ""
+    suffix = forms + protocols + placed + ("_instances" if args.instances else "")
     out = HERE / "results" / f"gpu_bert4rec_{args.device.split(':')[0]}_{args.precision}{suffix}_pytorch_backend.json"
     grpc = "grpc" in args.protocols.split(",")
     locked = [api for api in admin_key.RESTRICTED_APIS if not (grpc and api == "model-config")]
@@ -295,15 +308,17 @@ def main() -> None:
                     print(f"    not loaded: {exc}", flush=True)
                     report["configs"].append({"form": form, "config": label, "not_loaded": str(exc)})
                     continue
-                for target in args.targets.split(","):
-                    print(f"   {target}", flush=True)
+                for target, client_cores in [(t, c) for t in args.targets.split(",") for c in args.client_cpus]:
+                    print(f"   {target}, client on {client_cores or 'every'} core(s)", flush=True)
                     served, served_data = targets[target]
-                    points = sweep(server, served, served_data, args.protocols.split(","), args.rates, args.concurrency)
+                    protocols = args.protocols.split(",")
+                    points = sweep(server, served, served_data, protocols, args.rates, args.concurrency, client_cores)
                     report["configs"].append(
                         {
                             "form": form,
                             "config": label,
                             "target": target,
+                            "client_cores": client_cores,
                             "settings": settings.__dict__,
                             "points": points,
                             "best_within_p99": best_within(points, args.max_p99_ms),
@@ -312,12 +327,14 @@ def main() -> None:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(json.dumps(report | {"seconds": time.monotonic() - started}, indent=2, default=str))
     print(
-        f"\n{'form':<12} {'config':<15} {'target':<9} {'best infer/s with p99 <= ' + str(args.max_p99_ms) + ' ms':>34}"
+        f"\n{'form':<12} {'config':<15} {'target':<9} {'client cores':<12} "
+        f"{'best infer/s with p99 <= ' + str(args.max_p99_ms) + ' ms':>34}"
     )
     for c in report["configs"]:
         best = c.get("best_within_p99")
         figure = "-" if best is None else f"{best['throughput']:,.0f} (p99 {best['p99_ms']:.2f} ms, {best['protocol']})"
-        print(f"{c['form']:<12} {c['config']:<15} {c.get('target', '-'):<9} {figure:>34}")
+        cores = str(c.get("client_cores") or "shared")
+        print(f"{c['form']:<12} {c['config']:<15} {c.get('target', '-'):<9} {cores:<12} {figure:>34}")
     print(f"wrote {out}")
 
 

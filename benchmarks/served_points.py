@@ -1,12 +1,20 @@
 """One measured point of a served model: perf_analyzer's throughput and latency, the GPU's and host's
-utilisation, and per ensemble step Triton's queue and execution (input, execute, output); and the compiled
-model.pt alone, no server, as the reference (benchmarks/gpu_bert4rec.py)."""
+utilisation, the host cores each party kept busy (perf_analyzer, tritonserver, the Python steps' stubs),
+and per ensemble step Triton's queue and execution (input, execute, output); and the compiled model.pt
+alone, no server, as the reference (benchmarks/gpu_bert4rec.py).
+
+A placement says where the client runs: `0` shares every core with the server (one host, as the users
+measured); `N` gives perf_analyzer the last N cores and the server the rest, which keeps the client's
+threads off the server's cores as a client on another host would.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +28,76 @@ from components.triton_admin import TritonAdmin
 
 WINDOW_MS = 1000
 RATE_THREADS = 128  # enough client threads for 30,000 requests/s of a few milliseconds each
+
+
+def _process_ticks(pid: int) -> tuple[int, float]:
+    """The parent's pid and the CPU seconds (user + system, all threads) of a live process."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if _process_ticks(int(entry))[0] == pid:
+                    found.append(int(entry))
+            except (FileNotFoundError, ProcessLookupError, IndexError):  # ended while listed
+                pass
+    return found
+
+
+def _cpu_seconds(server_pid: int) -> dict[str, float]:
+    children = os.times()
+    stubs = 0.0
+    for child in _children(server_pid):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            stubs += _process_ticks(child)[1]
+    return {
+        "client": children.children_user + children.children_system,  # perf_analyzer, once it has ended
+        "tritonserver": _process_ticks(server_pid)[1],
+        "python_stubs": stubs,
+    }
+
+
+@contextlib.contextmanager
+def cores_busy(server_pid: int) -> Iterator[dict]:
+    """How many host cores each party kept busy while the block ran (CPU seconds over wall seconds)."""
+    figures: dict = {}
+    before, started = _cpu_seconds(server_pid), time.monotonic()
+    yield figures
+    after, wall = _cpu_seconds(server_pid), time.monotonic() - started
+    figures.update({party: round((after[party] - before[party]) / wall, 2) for party in after})
+
+
+def split_cores(server_pid: int, client_cores: int) -> set[int] | None:
+    """Pin tritonserver and its stubs (every thread) to all cores but the last `client_cores`, or to all of
+    them for 0; returns the client's cores (None: shared)."""
+    every = sorted(os.sched_getaffinity(0) | os.sched_getaffinity(server_pid))
+    if client_cores >= len(every):
+        raise ValueError(f"--client-cpus {client_cores} leaves the server no core of {len(every)}")
+    server, client = (every, None) if client_cores == 0 else (every[:-client_cores], set(every[-client_cores:]))
+    for pid in [server_pid, *_children(server_pid)]:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(tid), server)
+    return client
+
+
+@contextlib.contextmanager
+def client_on(cores: set[int] | None) -> Iterator[None]:
+    """Processes started inside the block (perf_analyzer) run on `cores`; None: anywhere."""
+    if cores is None:
+        yield
+        return
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)  # this thread's; a child inherits it
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, own)
 
 
 @contextlib.contextmanager
@@ -95,16 +173,17 @@ def plain_model_ms(model_file: Path, inputs: dict[str, np.ndarray], device: str,
     return rows
 
 
-def measure_point(server, name: str, data: Path, load: perf.LoadSettings) -> dict:
+def measure_point(server, name: str, data: Path, load: perf.LoadSettings, client_cores: set[int] | None) -> dict:
     admin = TritonAdmin(server.http_url)
     before = admin.statistics()
     url = server.grpc_url if load.protocol == "grpc" else server.http_url
-    with gpu_sampler(server.metrics_url) as gpu:
+    with gpu_sampler(server.metrics_url) as gpu, cores_busy(server.process.pid) as cores, client_on(client_cores):
         run = perf.measure(url, name, data, load, timeout=120)
     after = admin.statistics()
     point = run.points[0] if run.ok else None
     return {
         "protocol": load.protocol,
+        "client_cores": len(client_cores) if client_cores else 0,
         "concurrency": None if load.request_rate else load.concurrency,
         "request_rate": load.request_rate,
         "ok": run.ok,
@@ -115,36 +194,49 @@ def measure_point(server, name: str, data: Path, load: perf.LoadSettings) -> dic
         "server_queue_us": point.server_queue_us if point else None,
         "server_compute_us": point.server_compute_us if point else None,
         "gpu": gpu,
+        "cores_busy": cores,
         "steps": step_breakdown(before, after),
     }
 
 
 def sweep(
-    server, name: str, data: Path, protocols: list[str], rates: list[float], concurrency: list[int]
+    server,
+    name: str,
+    data: Path,
+    protocols: list[str],
+    rates: list[float],
+    concurrency: list[int],
+    client_cores: int = 0,
 ) -> list[dict]:
-    """A warm-up that is not recorded, then each request rate and each concurrency over each protocol."""
+    """A warm-up that is not recorded, then each request rate and each concurrency over each protocol, the
+    client placed as `client_cores` says (module docstring)."""
     steady = {"window_ms": WINDOW_MS, "stability_pct": RELAXED_STABILITY_PCT}
-    perf.measure(server.http_url, name, data, perf.LoadSettings(concurrency=max(concurrency), **steady))  # warm-up
-    points = []
-    for protocol in protocols:
-        over = steady | {"protocol": protocol}
-        loads = [perf.LoadSettings(request_rate=r, max_threads=RATE_THREADS, **over) for r in rates]
-        loads += [perf.LoadSettings(concurrency=c, **over) for c in concurrency]
-        for load in loads:
-            points.append(measure_point(server, name, data, load))
-            p = points[-1]
-            at = f"rate {p['request_rate']:g}" if p["request_rate"] else f"conc {p['concurrency']}"
-            steps = " ".join(
-                f"{step}:q{s['queue_us']:.0f}/c{s['compute_us']:.0f}/b{s['mean_batch']}"
-                f"/i{s['compute_input_us']:.0f}+x{s['compute_infer_us']:.0f}+o{s['compute_output_us']:.0f}"
-                for step, s in p["steps"].items()
-            )
-            print(
-                f"    {protocol:<4} {at:<11} {p['throughput'] or 0:>9,.0f} infer/s  p50 {p['p50_ms'] or 0:6.2f} "
-                f"p99 {p['p99_ms'] or 0:7.2f} ms "
-                f"{steps} {p['reason']}",
-                flush=True,
-            )
+    cores = split_cores(server.process.pid, client_cores)
+    try:
+        with client_on(cores):  # the warm-up, unrecorded
+            perf.measure(server.http_url, name, data, perf.LoadSettings(concurrency=max(concurrency), **steady))
+        points = []
+        for protocol in protocols:
+            over = steady | {"protocol": protocol}
+            loads = [perf.LoadSettings(request_rate=r, max_threads=RATE_THREADS, **over) for r in rates]
+            loads += [perf.LoadSettings(concurrency=c, **over) for c in concurrency]
+            for load in loads:
+                points.append(measure_point(server, name, data, load, cores))
+                p = points[-1]
+                at = f"rate {p['request_rate']:g}" if p["request_rate"] else f"conc {p['concurrency']}"
+                steps = " ".join(
+                    f"{step}:q{s['queue_us']:.0f}/c{s['compute_us']:.0f}/b{s['mean_batch']}"
+                    f"/i{s['compute_input_us']:.0f}+x{s['compute_infer_us']:.0f}+o{s['compute_output_us']:.0f}"
+                    for step, s in p["steps"].items()
+                )
+                busy = " ".join(f"{party}:{n:.1f}" for party, n in p["cores_busy"].items())
+                print(
+                    f"    {protocol:<4} {at:<11} {p['throughput'] or 0:>9,.0f} infer/s  p50 {p['p50_ms'] or 0:6.2f} "
+                    f"p99 {p['p99_ms'] or 0:7.2f} ms {steps} cores busy {busy} {p['reason']}",
+                    flush=True,
+                )
+    finally:
+        split_cores(server.process.pid, 0)
     return points
 
 
