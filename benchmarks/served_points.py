@@ -27,6 +27,7 @@ from components.settings import RELAXED_STABILITY_PCT
 from components.triton_admin import TritonAdmin
 
 WINDOW_MS = 1000
+WARM_UP_CONCURRENCY = 32  # TorchScript and CUDA pay their start at each new batch size and instance
 RATE_THREADS = 128  # enough client threads for 30,000 requests/s of a few milliseconds each
 
 
@@ -213,8 +214,9 @@ def sweep(
     steady = {"window_ms": WINDOW_MS, "stability_pct": RELAXED_STABILITY_PCT}
     cores = split_cores(server.process.pid, client_cores)
     try:
-        with client_on(cores):  # the warm-up, unrecorded
-            perf.measure(server.http_url, name, data, perf.LoadSettings(concurrency=max(concurrency), **steady))
+        with client_on(cores):  # the warm-up, unrecorded, at a load that batches on every instance
+            warm_up = perf.LoadSettings(concurrency=max(*concurrency, WARM_UP_CONCURRENCY), **steady)
+            perf.measure(server.http_url, name, data, warm_up)
         points = []
         for protocol in protocols:
             over = steady | {"protocol": protocol}
