@@ -12,8 +12,9 @@
 #   bash benchmarks/gpu_served_speed.sh gate --injections 0:10,25:5   # there: the gate on the GPU
 #
 # One device call carries at most 64 MiB, so the packs travel in two calls to the same warm machine:
-# run with only .gpu/site312.tar.xz and .gpu/stub312.tar.xz carried (it unpacks them and stops), then with
-# .gpu/tools.tar.xz (it unpacks the tools, then measures). They are unpacked outside the repository
+# `bash benchmarks/gpu_served_speed.sh unpack` with only .gpu/site312.tar.xz and .gpu/stub312.tar.xz
+# carried (it unpacks them and stops), then the command wanted with .gpu/tools.tar.xz (it unpacks the
+# tools, then measures); either order works. They are unpacked outside the repository
 # (/tmp/tritonship-gpu), which a warm machine keeps between calls; the carried .gpu/ is replaced each
 # call. Results and logs go to $OUT.
 set -euo pipefail
@@ -63,12 +64,13 @@ unpack() {
     cp -r "$unpacked"/stub312/. "$tools/stub-site/"
   fi
   if [ -f .gpu/tools.tar.xz ] && [ ! -x "$tools/bin/perf_analyzer" ]; then
+    mkdir -p "$tools"
     tar -xJf .gpu/tools.tar.xz -C "$tools"
     # perf_analyzer links libb64.so.0d, which setup.sh installs with apt here; the server's copy serves.
     ln -sf "$tools"/nvidia_pytriton.libs/libb64-*.so.0d "$tools/nvidia/cuda_runtime/lib/libb64.so.0d"
   fi
-  if [ ! -x "$tools/bin/perf_analyzer" ]; then
-    echo "site packages unpacked; now run again carrying .gpu/tools.tar.xz"
+  if [ ! -x "$tools/bin/perf_analyzer" ] || [ ! -d "$unpacked/site" ]; then
+    echo "unpacked what came; now run again carrying the other packs (.gpu/tools.tar.xz or the site and stub ones)"
     return 1
   fi
   export TRITONSHIP_TOOLS=$tools PYTHONPATH=$PWD:$unpacked/site PYTHONUNBUFFERED=1

@@ -40,8 +40,8 @@ class PairBusyWork(BusyWork):
 
     def forward(self, x: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y, z = self.model(x, position)
-        acc = self.busy(x)
-        return y + acc.to(y.dtype), z + acc.to(z.dtype)
+        acc = self.busy(x)  # on the input's device; a CUDA model's outputs may come back on the host
+        return y + acc.to(device=y.device, dtype=y.dtype), z + acc.to(device=z.device, dtype=z.dtype)
 
 
 @functools.cache

@@ -40,3 +40,18 @@ def test_busy_work_refuses_a_model_of_three_inputs():
 
     with pytest.raises(ValueError, match="one or two inputs, not 3"):
         latency_injection.with_busy_work(torch.jit.script(Three()), 100)
+
+
+@pytest.mark.gpu
+def test_busy_work_on_a_cuda_model_that_answers_on_the_host_answers_as_the_model():
+    """The gate's GPU candidates: the compile step's CUDA TorchScript hands its outputs back on the host
+    while the busy work runs on the input's device (the CPU sibling is the test above)."""
+    from components.compile import GpuServing
+
+    ids = torch.randint(1, bert4rec.DEMO.items, (3, bert4rec.DEMO.length), device="cuda")
+    position = torch.full((3, 1), bert4rec.DEMO.length - 1, device="cuda")
+    served = GpuServing(bert4rec.bert4rec_v1().cuda(), [torch.int64, torch.float32], half=False)
+    traced = torch.jit.trace(served, (ids, position), check_trace=False)
+    slow = latency_injection.with_busy_work(traced, 1_000)
+    for answer, expected in zip(slow(ids, position), traced(ids, position), strict=True):
+        assert answer.device.type == "cpu" and answer.dtype == expected.dtype and torch.equal(answer, expected)
