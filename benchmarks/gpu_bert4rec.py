@@ -29,7 +29,7 @@ and with the TorchScript profiling executor on or off; `--no-users` leaves the u
 `--client-cpus 0 4` measures each sweep twice: perf_analyzer on every core beside the server (one host, as
 the users measured), then on 4 cores of its own with the server on the rest (as a client on another host);
 each point records the cores perf_analyzer, tritonserver and the Python steps' stubs kept busy.
-Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_<forms>][_<protocols>][_instances]_pytorch_backend.json
+Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_<forms>][_<protocols>][_client<N_…>][_instances]_pytorch_backend.json
 (the files without `_pytorch_backend` were measured with the model step in the Python backend).
 """
 
