@@ -215,7 +215,8 @@ def sweep(
     cores = split_cores(server.process.pid, client_cores)
     try:
         # The warm-up, unrecorded: every instance batching, then the highest rate's batch sizes, whose first
-        # executions grow CUDA's caching allocator (a first point at 20,000/s had p99 twice the next ones').
+        # executions are slow (likely CUDA's caching allocator growing): a first point at 20,000/s after a
+        # warm-up at concurrency 32 had p99 about twice the next ones'.
         warm_ups = [perf.LoadSettings(concurrency=max(*concurrency, WARM_UP_CONCURRENCY), **steady)]
         warm_ups += [perf.LoadSettings(request_rate=max(rates), max_threads=RATE_THREADS, **steady)] if rates else []
         with client_on(cores):
