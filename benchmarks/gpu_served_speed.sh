@@ -10,6 +10,7 @@
 #   bash benchmarks/gpu_served_speed.sh tests     # there: every gpu-marked test
 #   bash benchmarks/gpu_served_speed.sh bert4rec fp16 [--forms torchscript,eager] [--protocols http,grpc] [--instances 1x4 2x4]   # there: the users' BERT4Rec ensemble
 #   bash benchmarks/gpu_served_speed.sh gate --injections 0:10,25:5   # there: the gate on the GPU
+#   bash benchmarks/gpu_served_speed.sh hops --precision fp16 --concurrency 1 16 64   # there: the ensemble's hops
 #
 # One device call carries at most 64 MiB, so the packs travel in two calls to the same warm machine:
 # `bash benchmarks/gpu_served_speed.sh unpack` with only .gpu/site312.tar.xz and .gpu/stub312.tar.xz
@@ -117,6 +118,15 @@ bert4rec() {
   timeout -s INT -k 20 "${LIMIT_S:-0}" python3 benchmarks/gpu_bert4rec.py --precision "$precision" "$@" 2>&1 \
     | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace" | tee -a "$OUT/gpu_bert4rec_$precision.log" || true
   cp benchmarks/results/gpu_bert4rec_cuda_"$precision"*_pytorch_backend.json "$OUT/" || true  # written after every config
+}
+
+# The ensemble against the model with its steps folded in (benchmarks/ensemble_hops.py), the users' size;
+# arguments go to it: `hops --precision fp16 --concurrency 1 16 64`.
+hops() {
+  unpack || exit 0
+  python3 benchmarks/ensemble_hops.py --device cuda --size users "$@" 2>&1 \
+    | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace" | tee -a "$OUT/ensemble_hops.log" || true
+  cp benchmarks/results/ensemble_hops_cuda_*.json "$OUT/" || true
 }
 
 # The gate's A/A and +25% trials on the GPU (benchmarks/gate_quality.py --gpu); arguments go to it.

@@ -72,6 +72,7 @@ class Size:
             "pre": batch | {"inputs": history, "outputs": model["inputs"]},
             "post": batch | {"inputs": model["outputs"], "outputs": answer},
             "ensemble": batch | {"inputs": history, "outputs": answer},
+            "folded": batch | {"inputs": history, "outputs": answer},  # WithCatalogue: one model, no steps
         }
 
 
@@ -118,6 +119,30 @@ class BERT4Rec(nn.Module):
         return indices + 1, scores
 
 
+class WithCatalogue(nn.Module):
+    """The ensemble's pre and post steps folded into the model's forward: catalogue ids in, catalogue ids
+    out, the same answers in one model instead of three steps (benchmarks/ensemble_hops.py)."""
+
+    def __init__(self, model: BERT4Rec) -> None:
+        super().__init__()
+        self.model = model
+        ids = torch.tensor(model.size.catalogue_ids(), dtype=torch.int64)  # vocabulary index = position + 1
+        order = torch.argsort(ids)
+        self.register_buffer("sorted_ids", ids[order])
+        self.register_buffer("index_of_sorted", order + 1)
+        self.register_buffer("id_of_index", torch.cat([torch.tensor([-1]), ids, torch.tensor([-1])]))
+        self.mask_token = model.size.items + 1
+
+    def forward(self, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        where = torch.searchsorted(self.sorted_ids, history).clamp(max=self.sorted_ids.numel() - 1)
+        known = self.sorted_ids[where] == history
+        indices = torch.where(known, self.index_of_sorted[where], torch.zeros_like(history))  # unknown: padding
+        target = torch.ones_like(history[:, :1])
+        item_ids = torch.cat([indices, target * self.mask_token], dim=1)
+        top, scores = self.model(item_ids, target * history.size(1))
+        return self.id_of_index[top], scores
+
+
 def bert4rec_v1() -> nn.Module:
     return BERT4Rec(seed=0).eval()
 
@@ -145,6 +170,16 @@ def users_v1() -> nn.Module:
 def users_v2() -> nn.Module:
     """The users' size, retrained: other weights."""
     return BERT4Rec(USERS, seed=1).eval()
+
+
+def folded_v1() -> nn.Module:
+    """bert4rec_v1 with its pre and post steps inside: the ensemble's answers from one model."""
+    return WithCatalogue(bert4rec_v1()).eval()
+
+
+def users_folded_v1() -> nn.Module:
+    """users_v1 with its pre and post steps inside."""
+    return WithCatalogue(users_v1()).eval()
 
 
 def histories(count: int, seed: int = 0, size: Size = DEMO) -> np.ndarray:

@@ -1,0 +1,140 @@
+"""What the ensemble's hops cost: the BERT4Rec served as the users have it (Python pre step -> model ->
+Python post step) against the same model with the pre/post work folded into its forward
+(`pipelines.samples.bert4rec.WithCatalogue`: catalogue ids in, catalogue ids out, one TorchScript).
+
+    .venv/bin/python benchmarks/ensemble_hops.py                                   # CPU, demo size
+    python3 benchmarks/ensemble_hops.py --device cuda --size users --precision fp16 --concurrency 1 16
+
+Both forms are exported and compiled by the real steps (the folded one on realistic histories as its golden
+samples), served side by side by one embedded Triton through its PyTorch backend (the ensemble's steps in
+the Python backend), each with one instance and dynamic batching, and must give the same answers to the same
+histories before they are timed. Then, for each concurrency, the forms take turns, `--repeats` perf_analyzer
+runs each (1 s windows, the same histories); medians of throughput, p50 and p99, and the model step's and
+each step's mean queue and execution per run (Triton's statistics). Writes
+benchmarks/results/ensemble_hops_<device>_<size>_<precision>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.served_points import step_breakdown
+from components import perf
+from components.compile import compile_model
+from components.export import export
+from components.triton_admin import TritonAdmin
+from pipelines.samples import bert4rec
+from pipelines.stack import PRODUCTION_PREFIX, EmbeddedStack
+from tests.models import upload_folder
+
+HERE = Path(__file__).parent
+OUTPUTS = ["recommended", "scores"]
+
+
+def folded_folder(tmp: Path, factory: str, size: bert4rec.Size, device: str, precision: str, tolerance) -> Path:
+    """The folded model through the export and compile steps, golden samples being real histories."""
+    (tmp / "folded.json").write_text(json.dumps(size.signatures()["folded"]))
+    np.savez(tmp / "histories.npz", history=bert4rec.histories(16, seed=7, size=size))
+    export(
+        f"pipelines.samples.bert4rec:{factory}",
+        tmp / "folded.json",
+        tmp / "folded-export",
+        golden=tmp / "histories.npz",
+    )
+    out = tmp / "hops_folded"
+    compile_model(tmp / "folded-export", out, out.name, precision=precision, device=device, tolerance=tolerance)
+    return out
+
+
+def check_same_answers(admin: TritonAdmin, names: list[str], histories: np.ndarray, int_mismatch: float) -> dict:
+    """Both forms answer the same histories alike: the same items (fp16 may swap near-tied neighbours, up to
+    `int_mismatch` of them) and scores within 2e-3."""
+    answers = [admin.infer_in_batches(name, {"history": histories}, OUTPUTS, 8) for name in names]
+    mismatch = float(np.mean(answers[0]["recommended"] != answers[1]["recommended"]))
+    score_gap = float(np.max(np.abs(answers[0]["scores"] - answers[1]["scores"])))
+    if mismatch > int_mismatch or score_gap > 2e-3:
+        raise SystemExit(f"the forms answer differently: {mismatch:.1%} of items differ, scores up to {score_gap:.2g}")
+    return {"items_differing": mismatch, "max_score_difference": score_gap}
+
+
+def _median(runs: list, figure) -> float | None:
+    return float(statistics.median(figure(r) for r in runs)) if runs else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "fp16"))
+    parser.add_argument("--size", default="demo", choices=("demo", "users"))
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    users = args.size == "users"
+    size = bert4rec.USERS if users else bert4rec.DEMO
+    tolerance = bert4rec.USERS_FP16_TOLERANCE if users and args.precision == "fp16" else None
+    forms = {"ensemble": "hops", "folded": "hops_folded"}
+    report: dict = {"command": " ".join(sys.argv), "torch": torch.__version__, "cpus": os.cpu_count(), "rows": []}
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=1) as stack:
+        tmp_path = Path(tmp)
+        bundle = bert4rec.build_bundle(
+            tmp_path / "bundle", "users_v1" if users else "bert4rec_v1", "hops", args.device, args.precision, tolerance
+        )
+        folded = folded_folder(
+            tmp_path, "users_folded_v1" if users else "folded_v1", size, args.device, args.precision, tolerance
+        )
+        server = stack.replicas[0]
+        histories = bert4rec.histories(64, seed=3, size=size)
+        data = perf.write_input_data({"history": histories[:16]}, tmp_path / "input.json", batched=True)
+        with TritonAdmin(server.http_url) as admin:
+            for folder in [*sorted(p for p in bundle.iterdir() if p.name != "hops"), bundle / "hops", folded]:
+                upload_folder(stack.s3.client(), stack.bucket, folder, f"{PRODUCTION_PREFIX}/{folder.name}")
+                admin.load(folder.name)
+            report["answers"] = check_same_answers(
+                admin, list(forms.values()), histories, tolerance.int_mismatch if tolerance else 0.0
+            )
+            for concurrency in args.concurrency:
+                load = perf.LoadSettings(concurrency=concurrency, window_ms=1000, stability_pct=20)
+                perf.measure(server.http_url, "hops_folded", data, load)  # warm-up, unrecorded
+                perf.measure(server.http_url, "hops", data, load)
+                runs: dict[str, list] = {form: [] for form in forms}
+                for _round in range(args.repeats):  # the forms take turns: each sees the same machine
+                    for form, name in forms.items():
+                        before = admin.statistics()
+                        run = perf.measure(server.http_url, name, data, load)
+                        runs[form].append((run, step_breakdown(before, admin.statistics())))
+                for form, measured in runs.items():
+                    ok = [run for run, _ in measured if run.ok]
+                    row = {
+                        "form": form,
+                        "concurrency": concurrency,
+                        "runs_ok": len(ok),
+                        "failures": [run.reason for run, _ in measured if not run.ok],
+                        "throughput": _median(ok, lambda r: r.points[0].throughput),
+                        "p50_ms": _median(ok, lambda r: np.percentile(r.latencies_us, 50) / 1e3),
+                        "p99_ms": _median(ok, lambda r: np.percentile(r.latencies_us, 99) / 1e3),
+                        "steps_per_run": [steps for _, steps in measured],
+                    }
+                    report["rows"].append(row)
+                    print(
+                        f"  {form:<9} conc {concurrency:>3}: {row['throughput'] or 0:>8,.0f} infer/s  "
+                        f"p50 {row['p50_ms'] or 0:6.2f}  p99 {row['p99_ms'] or 0:6.2f} ms  {row['failures'] or ''}",
+                        flush=True,
+                    )
+    out = HERE / "results" / f"ensemble_hops_{args.device.split(':')[0]}_{args.size}_{args.precision}.json"
+    out.write_text(json.dumps(report, indent=2, default=float))
+    print(f"answers: {report['answers']}\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
