@@ -33,6 +33,7 @@ from benchmarks.served_points import step_breakdown
 from components import perf
 from components.compile import compile_model
 from components.export import export
+from components.parity import Tolerance
 from components.triton_admin import TritonAdmin
 from pipelines.samples import bert4rec
 from pipelines.stack import PRODUCTION_PREFIX, EmbeddedStack
@@ -42,7 +43,9 @@ HERE = Path(__file__).parent
 OUTPUTS = ["recommended", "scores"]
 
 
-def folded_folder(tmp: Path, factory: str, size: bert4rec.Size, device: str, precision: str, tolerance) -> Path:
+def folded_folder(
+    tmp: Path, factory: str, size: bert4rec.Size, device: str, precision: str, tolerance: Tolerance | None
+) -> Path:
     """The folded model through the export and compile steps, golden samples being real histories."""
     (tmp / "folded.json").write_text(json.dumps(size.signatures()["folded"]))
     np.savez(tmp / "histories.npz", history=bert4rec.histories(16, seed=7, size=size))
