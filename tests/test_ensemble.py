@@ -372,26 +372,25 @@ def test_a_step_serves_a_batch_of_requests_in_one_call_and_fails_only_the_bad_re
 def test_the_bert4rec_with_its_steps_folded_in_answers_as_pre_model_post(tmp_path):
     """benchmarks/ensemble_hops.py times the two forms side by side; they must be the same recommender,
     unknown catalogue ids included, traced at one batch size and run at another."""
-    import importlib.util
     import json
 
     import torch
 
-    (tmp_path / "item_index.json").write_text(json.dumps({"item_ids": bert4rec.CATALOGUE_IDS}))
+    from components.ensemble import Step, reference_outputs
+    from components.signature import Signature
+
+    signatures = bert4rec.DEMO.signatures()
     steps = {}
     for role in ("pre", "post"):
-        spec = importlib.util.spec_from_file_location(role, bert4rec.HERE / role / "step.py")
-        steps[role] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(steps[role])
+        shutil.copytree(bert4rec.HERE / role, tmp_path / role)
+        (tmp_path / role / "item_index.json").write_text(json.dumps({"item_ids": bert4rec.CATALOGUE_IDS}))
+        steps[role] = Step(role, tmp_path / role, Signature.from_dict(signatures[role]))
     history = bert4rec.histories(8, seed=3)
     history[0, :5] = 12_345  # no catalogue id
-    model_inputs = steps["pre"].process(steps["pre"].load(tmp_path), {"history": history})
+    model = Signature.from_dict(signatures["model"])
+    expected = reference_outputs(steps["pre"], bert4rec.bert4rec_v1(), model, steps["post"], {"history": history})
     with torch.no_grad():
-        top, scores = bert4rec.bert4rec_v1()(*(torch.from_numpy(a) for a in model_inputs.values()))
         folded = torch.jit.trace(bert4rec.folded_v1(), (torch.from_numpy(history[:2]),), check_trace=False)
-        answer = [t.numpy() for t in folded(torch.from_numpy(history))]
-    expected = steps["post"].process(
-        steps["post"].load(tmp_path), {"topk_indices": top.numpy(), "topk_scores": scores.numpy()}
-    )
-    np.testing.assert_array_equal(answer[0], expected["recommended"])
-    np.testing.assert_allclose(answer[1], expected["scores"], rtol=1e-5, atol=1e-7)
+        recommended, scores = (t.numpy() for t in folded(torch.from_numpy(history)))
+    np.testing.assert_array_equal(recommended, expected["recommended"])
+    np.testing.assert_allclose(scores, expected["scores"], rtol=1e-5, atol=1e-7)
