@@ -1,5 +1,6 @@
 """The users' recommender: BERT4Rec on transformers' BertForMaskedLM, tiny and with random weights (no
-hub download), served alone or as an ensemble (pre -> model -> post), and the demo's model.
+hub download), served alone or as an ensemble (pre -> model -> post), and the demo's model. `WithCatalogue`
+is the same recommender with the pre and post steps' lookups folded into its forward.
 
 The serving forward takes an item-index sequence `[B, L]` and the masked target position `[B, 1]`. It
 builds the position ids from the input's own shape and the attention mask from the padding, gathers the
