@@ -372,23 +372,16 @@ def test_a_step_serves_a_batch_of_requests_in_one_call_and_fails_only_the_bad_re
 def test_the_bert4rec_with_its_steps_folded_in_answers_as_pre_model_post(tmp_path):
     """benchmarks/ensemble_hops.py times the two forms side by side; they must be the same recommender,
     unknown catalogue ids included, traced at one batch size and run at another."""
-    import json
-
     import torch
 
-    from components.ensemble import Step, reference_outputs
+    from components.ensemble import reference_outputs
     from components.signature import Signature
 
-    signatures = bert4rec.DEMO.signatures()
-    steps = {}
-    for role in ("pre", "post"):
-        shutil.copytree(bert4rec.HERE / role, tmp_path / role)
-        (tmp_path / role / "item_index.json").write_text(json.dumps({"item_ids": bert4rec.CATALOGUE_IDS}))
-        steps[role] = Step(role, tmp_path / role, Signature.from_dict(signatures[role]))
+    pre, post = bert4rec.ensemble_steps(tmp_path, "b4r")
     history = bert4rec.histories(8, seed=3)
     history[0, :5] = 12_345  # no catalogue id
-    model = Signature.from_dict(signatures["model"])
-    expected = reference_outputs(steps["pre"], bert4rec.bert4rec_v1(), model, steps["post"], {"history": history})
+    model = Signature.from_dict(bert4rec.MODEL_SIGNATURE)
+    expected = reference_outputs(pre, bert4rec.bert4rec_v1(), model, post, {"history": history})
     with torch.no_grad():
         folded = torch.jit.trace(bert4rec.folded_v1(), (torch.from_numpy(history[:2]),), check_trace=False)
         recommended, scores = (t.numpy() for t in folded(torch.from_numpy(history)))

@@ -24,12 +24,16 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
 from components.parity import Tolerance
+
+if TYPE_CHECKING:
+    from components.ensemble import Step
 
 HERE = Path(__file__).parent
 TOP_K = 10
@@ -189,6 +193,20 @@ def histories(count: int, seed: int = 0, size: Size = DEMO) -> np.ndarray:
     return rng.choice(np.asarray(size.catalogue_ids(), dtype=np.int64), size=(count, size.length - 1))
 
 
+def ensemble_steps(work: Path, name: str, size: Size = DEMO) -> list[Step]:
+    """The pre and post steps as folders under `work`, reading the catalogue of `size`."""
+    from components.ensemble import Step
+    from components.signature import Signature
+
+    steps = []
+    for role in ("pre", "post"):
+        directory = work / f"{name}_{role}"
+        shutil.copytree(HERE / role, directory, ignore=shutil.ignore_patterns("__pycache__"))
+        (directory / "item_index.json").write_text(json.dumps({"item_ids": size.catalogue_ids()}))
+        steps.append(Step(f"{name}_{role}", directory, Signature.from_dict(size.signatures()[role])))
+    return steps
+
+
 def build_bundle(
     out: Path,
     factory: str = "bert4rec_v1",
@@ -201,7 +219,7 @@ def build_bundle(
     on `device` at `precision`, checked at `tolerance`, else the precision's), then assemble the release
     bundle with the pre- and postprocessing steps. The size is the factory's model's."""
     from components.compile import compile_model
-    from components.ensemble import Step, assemble
+    from components.ensemble import assemble
     from components.export import export
     from components.signature import Signature
 
@@ -219,12 +237,7 @@ def build_bundle(
             device=device,
             tolerance=tolerance,
         )
-        steps = []
-        for role in ("pre", "post"):
-            directory = work / f"{name}_{role}"
-            shutil.copytree(HERE / role, directory, ignore=shutil.ignore_patterns("__pycache__"))
-            (directory / "item_index.json").write_text(json.dumps({"item_ids": size.catalogue_ids()}))
-            steps.append(Step(f"{name}_{role}", directory, Signature.from_dict(signatures[role])))
+        steps = ensemble_steps(work, name, size)
         assemble(
             out,
             name,
