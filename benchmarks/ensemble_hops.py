@@ -31,9 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.served_points import step_breakdown
 from components import perf
-from components.compile import compile_model
-from components.export import export
-from components.parity import Tolerance
 from components.triton_admin import TritonAdmin
 from pipelines.samples import bert4rec
 from pipelines.stack import PRODUCTION_PREFIX, EmbeddedStack
@@ -41,23 +38,6 @@ from tests.models import upload_folder
 
 HERE = Path(__file__).parent
 OUTPUTS = ["recommended", "scores"]
-
-
-def folded_folder(
-    tmp: Path, factory: str, size: bert4rec.Size, device: str, precision: str, tolerance: Tolerance | None
-) -> Path:
-    """The folded model through the export and compile steps, golden samples being real histories."""
-    (tmp / "folded.json").write_text(json.dumps(size.signatures()["folded"]))
-    np.savez(tmp / "histories.npz", history=bert4rec.histories(16, seed=7, size=size))
-    export(
-        f"pipelines.samples.bert4rec:{factory}",
-        tmp / "folded.json",
-        tmp / "folded-export",
-        golden=tmp / "histories.npz",
-    )
-    out = tmp / "hops_folded"
-    compile_model(tmp / "folded-export", out, out.name, precision=precision, device=device, tolerance=tolerance)
-    return out
 
 
 def check_same_answers(admin: TritonAdmin, names: list[str], histories: np.ndarray, int_mismatch: float) -> dict:
@@ -93,8 +73,12 @@ def main() -> None:
         bundle = bert4rec.build_bundle(
             tmp_path / "bundle", "users_v1" if users else "bert4rec_v1", "hops", args.device, args.precision, tolerance
         )
-        folded = folded_folder(
-            tmp_path, "users_folded_v1" if users else "folded_v1", size, args.device, args.precision, tolerance
+        folded = bert4rec.build_folded(
+            tmp_path / "hops_folded",
+            "users_folded_v1" if users else "folded_v1",
+            args.device,
+            args.precision,
+            tolerance,
         )
         server = stack.replicas[0]
         histories = bert4rec.histories(64, seed=3, size=size)

@@ -29,7 +29,9 @@ and with the TorchScript profiling executor on or off; `--no-users` leaves the u
 `--client-cpus 0 4` measures each sweep twice: perf_analyzer on every core beside the server (one host, as
 the users measured), then on 4 cores of its own with the server on the rest (as a client on another host);
 each point records the cores perf_analyzer, tritonserver and the Python steps' stubs kept busy.
-Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_<forms>][_<protocols>][_client<N_…>][_instances]_pytorch_backend.json
+`--release folded` releases the same recommender with its pre/post lookups folded into the model
+(`bert4rec.WithCatalogue`: catalogue ids in and out, one TorchScript, no Python step) through the same steps.
+Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_folded][_<forms>][_<protocols>][_client<N_…>][_instances]_pytorch_backend.json
 (the files without `_pytorch_backend` were measured with the model step in the Python backend).
 """
 
@@ -51,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.served_points import WINDOW_MS, best_within, plain_model_ms, sweep
 from components import admin_key, ensemble, model_folder, perf
 from components.gate import gate
-from components.model_config import ServingSettings
+from components.model_config import ServingSettings, with_settings
 from components.promote import promote
 from components.publish import publish
 from components.replicas import Replica
@@ -68,14 +70,24 @@ HERE = Path(__file__).parent
 USERS_DEFAULT = ServingSettings(max_batch_size=1, dynamic_batching=False, instance_count=1)  # as the users had it
 USERS_RATES = [1500, 2000, 2500, 3000]  # the users' own load: perf_analyzer --request-rate-range 1500:3000:500
 PLAIN_BATCHES = [1, 8, 32, 128, 256]
+FACTORIES = {  # (size, release): the sample's factory
+    ("users", "ensemble"): "users_v1",
+    ("demo", "ensemble"): "bert4rec_v1",
+    ("users", "folded"): "users_folded_v1",
+    ("demo", "folded"): "folded_v1",
+}
 
 
-def load_ensemble(
+def load_release(
     admin: TritonAdmin, repo: ModelRepository, name: str, settings: ServingSettings | None, eager: dict | None = None
 ) -> None:
-    """(Re)load the promoted ensemble on a replica: every member with `settings` (None: as promoted), the
-    model step as the eager module when `eager` gives its files."""
+    """(Re)load the promoted release on a replica with `settings` (None: as promoted): an ensemble's every
+    member, the model step as the eager module when `eager` gives its files; a single model as it is."""
     config, _ = repo.desired_config(name)
+    if not ensemble.is_ensemble(config):
+        admin.load(name, config if settings is None else with_settings(config, settings))
+        admin.wait_ready(name)
+        return
     members = {m: repo.desired_config(m)[0] for m in ensemble.member_names(config)}
     if settings is not None:
         config, members = ensemble.with_serving_settings(config, members, settings)
@@ -139,9 +151,16 @@ def main() -> None:
     )
     parser.add_argument("--tune-budget", type=int, default=14)
     parser.add_argument(
+        "--release",
+        default="ensemble",
+        choices=("ensemble", "folded"),
+        help="what is released: the users' ensemble, or the model with its steps folded in (one model)",
+    )
+    parser.add_argument(
         "--targets",
-        default="ensemble,model",
-        help="what perf_analyzer drives: the ensemble, and the model step alone (its own inputs)",
+        default=None,
+        help="what perf_analyzer drives: the ensemble, and the model step alone (its own inputs); default "
+        "ensemble,model (a folded release has only its model)",
     )
     parser.add_argument("--max-p99-ms", type=float, default=4.0, help="the goal: the best throughput within it")
     parser.add_argument("--gate-p99-ms", type=float, default=50.0, help="the release's limit at the tune load")
@@ -175,8 +194,12 @@ def main() -> None:
         "settings instead of tuning again (same model, same machine)",
     )
     args = parser.parse_args()
-    factory = "users_v1" if args.size == "users" else "bert4rec_v1"
-    name = f"b4r_{args.precision}"
+    folded = args.release == "folded"
+    if folded and args.forms != "torchscript":
+        parser.error("a folded release is served as TorchScript only")
+    factory = FACTORIES[args.size, args.release]
+    name = f"b4r{'f' if folded else ''}_{args.precision}"
+    args.targets = args.targets or ("model" if folded else "ensemble,model")
     report: dict = {
         "arguments": vars(args),
         "torch": torch.__version__,
@@ -186,7 +209,7 @@ def main() -> None:
     forms = "" if args.forms == "torchscript" else "_" + args.forms.replace(",", "_")
     protocols = "" if args.protocols == "http" else "_" + args.protocols.replace(",", "_")
     placed = "_client" + "_".join(map(str, args.client_cpus)) if args.client_cpus != [0] else ""
-    suffix = forms + protocols + placed + ("_instances" if args.instances else "")
+    suffix = ("_folded" if folded else "") + forms + protocols + placed + ("_instances" if args.instances else "")
     out = HERE / "results" / f"gpu_bert4rec_{args.device.split(':')[0]}_{args.precision}{suffix}_pytorch_backend.json"
     grpc = "grpc" in args.protocols.split(",")
     locked = [api for api in admin_key.RESTRICTED_APIS if not (grpc and api == "model-config")]
@@ -195,9 +218,12 @@ def main() -> None:
         repo_uri = f"s3://{stack.bucket}"
         t = time.monotonic()
         tolerance = bert4rec.USERS_FP16_TOLERANCE if args.precision == "fp16" and args.size == "users" else None
-        bundle = bert4rec.build_bundle(Path(tmp) / "bundle", factory, name, args.device, args.precision, tolerance)
+        if folded:
+            bundle = bert4rec.build_folded(Path(tmp) / name, factory, args.device, args.precision, tolerance)
+        else:
+            bundle = bert4rec.build_bundle(Path(tmp) / "bundle", factory, name, args.device, args.precision, tolerance)
         report["build_seconds"] = time.monotonic() - t
-        compiled = model_folder.read(bundle / f"{name}_model")
+        compiled = model_folder.read(bundle if folded else bundle / f"{name}_model")
         report["plain_model"] = plain_model_ms(
             compiled.version_dir / model_folder.MODEL_FILE, compiled.golden()[0], args.device, PLAIN_BATCHES
         )
@@ -277,12 +303,13 @@ def main() -> None:
                 repo.copy_to_production(member, version)
                 repo.write_desired_config(member, config, None)
         data = perf.write_input_data(candidate.golden_inputs, Path(tmp) / "input.json", batched=True)
-        model_step = next(m for m in candidate.members if m.endswith("_model"))
-        alone = read_candidate(repo, model_step, version)  # members are published at the ensemble's version
-        targets = {
-            "ensemble": (name, data),
-            "model": (model_step, perf.write_input_data(alone.golden_inputs, Path(tmp) / "model.json", batched=True)),
-        }
+        if folded:
+            targets = {"model": (name, data)}
+        else:
+            model_step = next(m for m in candidate.members if m.endswith("_model"))
+            alone = read_candidate(repo, model_step, version)  # members are published at the ensemble's version
+            model_data = perf.write_input_data(alone.golden_inputs, Path(tmp) / "model.json", batched=True)
+            targets = {"ensemble": (name, data), "model": (model_step, model_data)}
         forms = {
             form: eager_files(f"pipelines.samples.bert4rec:{factory}", args.precision, version)
             if form == "eager"
@@ -303,7 +330,7 @@ def main() -> None:
             for label, settings in configs:
                 print(f"  {form}, {label}: {settings}", flush=True)
                 try:
-                    load_ensemble(admin, repo, name, settings, eager)
+                    load_release(admin, repo, name, settings, eager)
                 except TritonError as exc:  # recorded; the other configs are still measured
                     print(f"    not loaded: {exc}", flush=True)
                     report["configs"].append({"form": form, "config": label, "not_loaded": str(exc)})

@@ -248,3 +248,30 @@ def build_bundle(
             {"history": histories(16, size=size)},
         )
     return out
+
+
+def build_folded(
+    out: Path,
+    factory: str = "folded_v1",
+    device: str = "cpu",
+    precision: str = "fp32",
+    tolerance: Tolerance | None = None,
+) -> Path:
+    """The model with its steps folded in (`WithCatalogue`) through the export and compile steps as one
+    model folder `out` (named as it), its golden samples real histories; the size is the factory's model's."""
+    from components.compile import compile_model
+    from components.export import export
+
+    size = globals()[factory]().model.size
+    with tempfile.TemporaryDirectory(prefix="tritonship-bert4rec-") as tmp:
+        work = Path(tmp)
+        (work / "signature.json").write_text(json.dumps(size.signatures()["folded"]))
+        np.savez(work / "histories.npz", history=histories(16, seed=7, size=size))
+        export(
+            f"pipelines.samples.bert4rec:{factory}",
+            work / "signature.json",
+            work / "export",
+            golden=work / "histories.npz",
+        )
+        compile_model(work / "export", out, out.name, precision=precision, device=device, tolerance=tolerance)
+    return out
