@@ -100,7 +100,7 @@ backend() {
 # Every gpu-marked test: CUDA TorchScript served by the backend's GPU build, and the ensemble release test.
 tests() {
   unpack || exit 0
-  python3 -m pytest -p no:cacheprovider -m gpu --durations=10 tests/test_export_compile.py tests/test_ensemble.py 2>&1 | tee "$OUT/pytest_gpu_h200.log"
+  python3 -m pytest -p no:cacheprovider -m gpu --durations=10 tests/test_export_compile.py tests/test_ensemble.py tests/test_latency_injection.py 2>&1 | tee "$OUT/pytest_gpu_h200.log"
 }
 
 # The users' BERT4Rec ensemble released and served default against tuned (benchmarks/gpu_bert4rec.py), one
