@@ -9,7 +9,7 @@ model at the users' size, 50,000 items, hidden 256, 2 layers, 4 heads, sequence 
 random weights; exported with the default method and compiled to TorchScript on `--device` at
 `--precision`), publish it to the embedded S3, stage it dark on the gate (accuracy against the eager
 reference), tune it (one setting for every member, the pre/post steps with an instance count of their own, at
-concurrency `--tune-concurrency`), gate it (a first
+concurrency `--tune-concurrency`, or at the fixed request rate `--tune-rate`), gate it (a first
 release: the absolute limit p99 <= `--gate-p99-ms` at that load) and promote it to the production replica.
 
 Then, on that replica, for each serving config (the users': max_batch_size 1, one instance, no dynamic
@@ -147,6 +147,12 @@ def main() -> None:
         "--tune-concurrency", type=int, default=32, help="tune's and the gate's load: 10,000/s at 3.2 ms in flight"
     )
     parser.add_argument(
+        "--tune-rate",
+        type=float,
+        default=None,
+        help="tune at this fixed request rate instead (the lowest p99 that keeps up wins), e.g. 10000",
+    )
+    parser.add_argument(
         "--tune-p99-ms", type=float, default=None, help="tune's p99 limit; default: the default setting's p99 + slack"
     )
     parser.add_argument("--tune-budget", type=int, default=14)
@@ -232,7 +238,10 @@ def main() -> None:
         report["stage"] = json.loads(staged.to_json())
         print(f"staged v{version}: accuracy {'passed' if staged.accuracy_passed else 'FAILED'}", flush=True)
         load = perf.LoadSettings(
-            concurrency=args.tune_concurrency, window_ms=WINDOW_MS, stability_pct=RELAXED_STABILITY_PCT
+            concurrency=args.tune_concurrency,
+            request_rate=args.tune_rate,
+            window_ms=WINDOW_MS,
+            stability_pct=RELAXED_STABILITY_PCT,
         )
         tuning = tune(
             repo_uri,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import subprocess
 import tempfile
 import time
@@ -177,9 +178,15 @@ class LoadSettings:
     percentile: int | None = None  # stabilise on this latency percentile; None: on average latency
     batch_size: int = 1
     protocol: str = "http"
-    # client threads at a fixed request rate; perf_analyzer's default (4 synchronous HTTP threads) cannot
-    # send more than about 1,000 requests/s whatever the rate asked (measured on the H200 machine)
+    # client threads at a fixed request rate (None: rate_threads); perf_analyzer's own default (4 synchronous
+    # HTTP threads) cannot send more than about 1,000 requests/s whatever the rate asked (measured on the H200)
     max_threads: int | None = None
+
+
+def rate_threads(rate: float) -> int:
+    """Client threads for a fixed request rate: each synchronous thread has one request in flight, so at up
+    to 10 ms a request it sends 100/s; 16 at least, 256 at most."""
+    return min(256, max(16, math.ceil(rate / 100)))
 
 
 def _arguments(url: str, model: str, input_data: Path, load: LoadSettings, version: str, out: Path) -> list[str]:
@@ -215,9 +222,8 @@ def _arguments(url: str, model: str, input_data: Path, load: LoadSettings, versi
     if load.percentile:
         args += ["--percentile", str(load.percentile)]
     if load.request_rate:
-        args += ["--request-rate-range", str(load.request_rate)]
-        if load.max_threads:
-            args += ["--max-threads", str(load.max_threads)]
+        threads = load.max_threads or rate_threads(load.request_rate)
+        args += ["--request-rate-range", str(load.request_rate), "--max-threads", str(threads)]
     else:
         args += ["--concurrency-range", str(load.concurrency)]
     return args

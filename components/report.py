@@ -96,10 +96,15 @@ def tuning_markdown(t: dict[str, Any] | None) -> list[str]:
     if not t:
         return []
     gain = "-" if t["gain_pct"] is None else f"{t['gain_pct']:+.1f}%"
+    rate, limit = t.get("request_rate"), _fmt(t["p99_limit_ms"], ".3f")
+    objective = (
+        f"p99 {gain} lower than the default's at {rate:,.0f} requests/s (limit {limit} ms)"
+        if rate
+        else f"throughput {gain} over the default within p99 {limit} ms"
+    )
     return [
         "",
-        f"## Serving settings: {t['settings_measured']} of {t['grid_size']} measured, throughput {gain} over "
-        f"the default within p99 {_fmt(t['p99_limit_ms'], '.3f')} ms",
+        f"## Serving settings: {t['settings_measured']} of {t['grid_size']} measured, {objective}",
         *(["", f"The search's winner, {t['confirmation']}."] if t.get("confirmation") else []),
         *(
             ["", "Measured with requests of " + ", ".join(f"{k} {v}" for k, v in t["request_shapes"].items()) + "."]

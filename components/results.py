@@ -119,6 +119,13 @@ class Trial:
         """Flat: the settings' knobs beside the figures (logs, benchmark tables)."""
         return {**asdict(self.settings), "throughput": self.throughput, "p99_ms": self.p99_ms, "problem": self.problem}
 
+    def gain_pct(self, reference: Trial, rate: float | None = None) -> float:
+        """How much better than `reference`, in percent: more throughput at a concurrency; at a fixed
+        request rate, which every setting that keeps up serves alike, a lower p99."""
+        if rate is None:
+            return (self.throughput / reference.throughput - 1) * 100
+        return (1 - self.p99_ms / reference.p99_ms) * 100
+
     @staticmethod
     def combined(trials: list[Trial]) -> Trial:
         """Several measurements of one setting: their mean throughput and their highest p99."""
@@ -139,6 +146,7 @@ class TuneResult(Result):
     enabled: bool = True
     confirmation: str = ""  # whether the search's winner won again when measured beside the default
     request_shapes: dict[str, list[int]] = field(default_factory=dict)  # each input of one measured request
+    request_rate: float | None = None  # tuned at this fixed rate (lowest p99 wins), else at a concurrency
 
     def trial(self, settings: ServingSettings) -> Trial | None:
         """The setting's measurement; for one measured twice (the default), the two combined."""
@@ -152,13 +160,25 @@ class TuneResult(Result):
     def settings_measured(self) -> int:
         return len({t.settings for t in self.trials})
 
+    def gain_of(self, settings: ServingSettings) -> float | None:
+        """A setting's gain over the default's over all their runs, in percent: its mean throughput, or at a
+        fixed request rate how much lower its mean p99 is (the mean: the default has more runs, and the
+        highest of more runs is higher by chance alone)."""
+        default, trial = self.trial(self.default), self.trial(settings)
+        if not (default and trial and default.measured and trial.measured and default.throughput):
+            return None
+        if self.request_rate is None:
+            return trial.gain_pct(default)
+        mean_p99 = {
+            s: float(np.mean([t.p99_ms for t in self.trials if t.settings == s and t.measured]))
+            for s in (settings, self.default)
+        }
+        return (1 - mean_p99[settings] / mean_p99[self.default]) * 100
+
     @property
     def gain_pct(self) -> float | None:
-        """Throughput of the chosen setting over the default's, in percent."""
-        default, chosen = self.trial(self.default), self.trial(self.chosen)
-        if not (default and chosen and default.measured and chosen.measured and default.throughput):
-            return None
-        return (chosen.throughput / default.throughput - 1) * 100
+        """The chosen setting's gain over the default's (gain_of)."""
+        return self.gain_of(self.chosen)
 
     def derived(self) -> dict[str, Any]:
         return {"gain_pct": self.gain_pct, "settings_measured": self.settings_measured}

@@ -179,6 +179,11 @@ TUNE_PARAMETERS = {
     ),
     # the pipeline tunes at the gate's load and within its p99 limit; by hand they are set here
     "concurrency": Parameter(DEFAULT_CONCURRENCY, "perf_analyzer concurrency (use the gate's)", pipeline=None),
+    "request_rate": Parameter(
+        0.0,
+        "a fixed request rate instead of the concurrency, /s: the lowest p99 that keeps up wins; 0 is off",
+        pipeline=None,
+    ),
     "window_ms": Parameter(DEFAULT_WINDOW_MS, "perf_analyzer measurement window, ms", pipeline=None),
     "stability_pct": Parameter(
         RELAXED_STABILITY_PCT,
@@ -246,6 +251,9 @@ class TuneSettings:
                 f"min_gain_pct must not be negative, not {self.min_gain_pct}" if self.min_gain_pct < 0 else "",
                 f"max_p99_ms must be positive, not {self.max_p99_ms}" if (self.max_p99_ms or 1) <= 0 else "",
                 f"concurrency must be at least 1, not {self.load.concurrency}" if self.load.concurrency < 1 else "",
+                f"request_rate must not be negative, not {self.load.request_rate}"
+                if (self.load.request_rate or 0) < 0
+                else "",
             ],
         )
 
@@ -254,7 +262,10 @@ class TuneSettings:
         """From TUNE_PARAMETERS' flat form; `load` (the gate's, in the pipeline) replaces the load's names."""
         values = typed_flat(TUNE_PARAMETERS, flat, "tune")
         load = load or perf.LoadSettings(
-            concurrency=values["concurrency"], window_ms=values["window_ms"], stability_pct=values["stability_pct"]
+            concurrency=values["concurrency"],
+            request_rate=values["request_rate"] or None,
+            window_ms=values["window_ms"],
+            stability_pct=values["stability_pct"],
         )
         return cls(
             load=load,

@@ -10,6 +10,10 @@ run's p99 moves by up to ±30% on a busy machine, so a derived limit comes from 
 (the higher p99; their mean throughput is the default's): one low reading would otherwise refuse
 settings no slower than the default (benchmarks/README.md, tuning).
 
+At a fixed request rate (the load's `request_rate`, as a service with a known traffic and a latency target
+asks) every setting that keeps up serves the same throughput, so the ranking is the lowest p99 among the
+settings that serve the rate (RATE_HELD of it), and a gain is a p99 that much lower.
+
 The search is a coordinate search from the default: one knob at a time, every value of it with the other
 knobs at their best so far; it moves only for a gain of at least `min_gain_pct` and stops after a pass
 over all knobs that moved nothing, or when `budget` settings have been measured.
@@ -45,6 +49,7 @@ from components.triton_admin import TritonAdmin, TritonError
 
 LOG = log.get("tune")
 WARM_UP_REQUESTS = 20
+RATE_HELD = 0.97  # at a fixed rate a setting keeps up when it serves 97% of it: perf_analyzer's schedule jitters
 
 
 def default_settings(
@@ -204,9 +209,20 @@ class GateBench:
         return trial
 
 
-def _best(trials: Iterator[Trial], limit_ms: float | None) -> Trial | None:
-    within = [t for t in trials if t.measured and (limit_ms is None or t.p99_ms <= limit_ms)]
-    return max(within, key=lambda t: t.throughput, default=None)
+def _keeps_up(trial: Trial, rate: float | None) -> bool:
+    """At a fixed request rate, whether the setting served it (all but RATE_HELD's slack of it)."""
+    return rate is None or (trial.throughput or 0) >= rate * RATE_HELD
+
+
+def _eligible(trial: Trial, limit_ms: float | None, rate: float | None) -> bool:
+    return trial.measured and (limit_ms is None or trial.p99_ms <= limit_ms) and _keeps_up(trial, rate)
+
+
+def _best(trials: Iterator[Trial], limit_ms: float | None, rate: float | None) -> Trial | None:
+    eligible = [t for t in trials if _eligible(t, limit_ms, rate)]
+    if rate is None:
+        return max(eligible, key=lambda t: t.throughput, default=None)
+    return min(eligible, key=lambda t: t.p99_ms, default=None)
 
 
 def search(
@@ -214,6 +230,7 @@ def search(
 ) -> TuneResult:
     """Coordinate search from `default` (see the module docstring). `measure` loads and measures one setting."""
     result = TuneResult("", 0, default, default, settings.max_p99_ms, grid_size)
+    result.request_rate = settings.load.request_rate
     measured: dict[ServingSettings, Trial] = {}
 
     def measure_once(candidate: ServingSettings) -> Trial | None:
@@ -240,18 +257,19 @@ def search(
         if again is not None and again.measured:
             baseline = measured[default] = Trial.combined([baseline, again])
         result.p99_limit_ms = baseline.p99_ms * (1 + settings.p99_slack_pct / 100)
-    current = default if baseline.p99_ms <= result.p99_limit_ms else None
+    rate = settings.load.request_rate
+    current = default if _eligible(baseline, result.p99_limit_ms, rate) else None
     moved = True
     while moved and len(result.trials) < settings.budget:
         moved = False
         for _name, values in knobs(default, settings):
             anchor = current or default
             tried = [t for t in (run(v) for v in values(anchor)) if t is not None]
-            best = _best(iter(tried), result.p99_limit_ms)
+            best = _best(iter(tried), result.p99_limit_ms, rate)
             if best is None or best.settings == current:
                 continue
             reference = measured.get(current) if current else None
-            if reference is None or best.throughput >= reference.throughput * (1 + settings.min_gain_pct / 100):
+            if reference is None or best.gain_pct(reference, rate) >= settings.min_gain_pct:
                 current, moved = best.settings, True
     result.chosen = default
     if current is not None and current != default:
@@ -270,18 +288,25 @@ def _confirm(
     if not all(t.measured for t in result.trials[-2:]):
         return result.default, "not confirmed: it or the default could not be measured again; the default is kept"
     won, default, limit = result.trial(winner), result.trial(result.default), result.p99_limit_ms
-    gain = (won.throughput / default.throughput - 1) * 100
+    rate = settings.load.request_rate
+    gain = result.gain_of(winner)
     if limit is not None and won.p99_ms > limit:
         return (
             result.default,
             f"not confirmed: measured again, its p99 {won.p99_ms:.2f} ms is over the limit; the default is kept",
         )
-    if (limit is None or default.p99_ms <= limit) and gain < settings.min_gain_pct:
+    if not _keeps_up(won, rate):
         return result.default, (
-            f"not confirmed: measured again beside the default, {gain:+.1f}% throughput over all runs "
+            f"not confirmed: measured again, it served {won.throughput:,.0f} of the {rate:,.0f} requests/s offered; "
+            "the default is kept"
+        )
+    figure = "throughput" if rate is None else f"lower p99 at {rate:,.0f} requests/s"
+    if _eligible(default, limit, rate) and gain < settings.min_gain_pct:
+        return result.default, (
+            f"not confirmed: measured again beside the default, {gain:+.1f}% {figure} over all runs "
             f"(under +{settings.min_gain_pct:g}%); the default is kept"
         )
-    return winner, f"confirmed: {gain:+.1f}% throughput over all runs of both"
+    return winner, f"confirmed: {gain:+.1f}% {figure} over all runs of both"
 
 
 def _on_gpu(candidate: CandidateVersion) -> bool:

@@ -109,6 +109,7 @@ def tune_cmd(
     gate: GateOption,
     out_file: Annotated[Path, typer.Option("--out", help="write the tuning result (JSON) here")],
     concurrency: Annotated[int, option(TUNE, "concurrency")] = TUNE["concurrency"].default,
+    request_rate: Annotated[float, option(TUNE, "request_rate")] = TUNE["request_rate"].default,
     window_ms: Annotated[int, option(TUNE, "window_ms")] = TUNE["window_ms"].default,
     stability_pct: Annotated[float, option(TUNE, "stability_pct")] = TUNE["stability_pct"].default,
     max_p99_ms: Annotated[float, option(TUNE, "max_p99_ms")] = TUNE["max_p99_ms"].default,
