@@ -137,9 +137,8 @@ class WithCatalogue(nn.Module):
         self.register_buffer("index_of_sorted", order + 1)
         self.register_buffer("id_of_index", torch.cat([torch.tensor([-1]), ids, torch.tensor([-1])]))
         self.mask_token = model.size.items + 1
-        self.last = (
-            len(ids) - 1
-        )  # an int, not numel(): a trace keeps numel() as a CPU tensor, which clamp refuses on CUDA
+        # an int, not numel(): a trace keeps numel() as a CPU tensor, which clamp refuses on CUDA
+        self.last = len(ids) - 1
 
     def forward(self, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         where = torch.searchsorted(self.sorted_ids, history).clamp(max=self.last)
