@@ -3,14 +3,14 @@ Python post step) against the same model with the pre/post work folded into its 
 (`pipelines.samples.bert4rec.WithCatalogue`: catalogue ids in, catalogue ids out, one TorchScript).
 
     .venv/bin/python benchmarks/ensemble_hops.py                                   # CPU, demo size
-    python3 benchmarks/ensemble_hops.py --device cuda --size users --precision fp16 --concurrency 1 16
+    python3 benchmarks/ensemble_hops.py --device cuda --size users --precision fp16 --concurrency 1 16 --rates 10000
 
 Both forms are exported and compiled by the real steps (the folded one on realistic histories as its golden
 samples), served side by side by one embedded Triton through its PyTorch backend (the ensemble's steps in
 the Python backend), each with one instance and dynamic batching, and must give the same answers to the same
-histories before they are timed. Then, for each concurrency, the forms take turns, `--repeats` perf_analyzer
-runs each (1 s windows, the same histories); medians of throughput, p50 and p99, and the model step's and
-each step's mean queue and execution per run (Triton's statistics). Writes
+histories before they are timed. Then, for each concurrency and each fixed rate (`--rates`), the forms take
+turns, `--repeats` perf_analyzer runs each (1 s windows, the same histories); medians of throughput, p50 and
+p99, and each step's mean queue and execution per run (Triton's statistics). Writes
 benchmarks/results/ensemble_hops_<device>_<size>_<precision>.json.
 """
 
@@ -60,7 +60,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "fp16"))
     parser.add_argument("--size", default="demo", choices=("demo", "users"))
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 4])
+    parser.add_argument("--rates", type=float, nargs="*", default=[], help="fixed request rates too, e.g. 10000")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     users = args.size == "users"
@@ -90,8 +91,12 @@ def main() -> None:
             report["answers"] = check_same_answers(
                 admin, list(forms.values()), histories, tolerance.int_mismatch if tolerance else 0.0
             )
-            for concurrency in args.concurrency:
-                load = perf.LoadSettings(concurrency=concurrency, window_ms=1000, stability_pct=20)
+            loads = [{"concurrency": c} for c in args.concurrency] + [{"request_rate": r} for r in args.rates]
+            for point in loads:
+                load = perf.LoadSettings(**point, window_ms=1000, stability_pct=20)
+                label = (
+                    f"conc {point['concurrency']:>5}" if "concurrency" in point else f"rate {point['request_rate']:>5g}"
+                )
                 perf.measure(server.http_url, "hops_folded", data, load)  # warm-up, unrecorded
                 perf.measure(server.http_url, "hops", data, load)
                 runs: dict[str, list] = {form: [] for form in forms}
@@ -104,7 +109,7 @@ def main() -> None:
                     ok = [run for run, _ in measured if run.ok]
                     row = {
                         "form": form,
-                        "concurrency": concurrency,
+                        **point,
                         "runs_ok": len(ok),
                         "failures": [run.reason for run, _ in measured if not run.ok],
                         "throughput": _median(ok, lambda r: r.points[0].throughput),
@@ -114,7 +119,7 @@ def main() -> None:
                     }
                     report["rows"].append(row)
                     print(
-                        f"  {form:<9} conc {concurrency:>3}: {row['throughput'] or 0:>8,.0f} infer/s  "
+                        f"  {form:<9} {label}: {row['throughput'] or 0:>8,.0f} infer/s  "
                         f"p50 {row['p50_ms'] or 0:6.2f}  p99 {row['p99_ms'] or 0:6.2f} ms  {row['failures'] or ''}",
                         flush=True,
                     )
