@@ -10,7 +10,8 @@
 #   bash benchmarks/gpu_served_speed.sh tests     # there: every gpu-marked test
 #   bash benchmarks/gpu_served_speed.sh bert4rec fp16 [--forms torchscript,eager] [--protocols http,grpc] [--instances 1x4 2x4]   # there: the users' BERT4Rec ensemble
 #   bash benchmarks/gpu_served_speed.sh gate --injections 0:10,25:5   # there: the gate on the GPU
-#   bash benchmarks/gpu_served_speed.sh hops --precision fp16 --concurrency 1 16 64   # there: the ensemble's hops
+#   bash benchmarks/gpu_served_speed.sh hops --precision fp16 --concurrency 1 16 64 --rates 10000   # there: the ensemble's hops
+#   bash benchmarks/gpu_served_speed.sh floor --precision fp16   # there: one call of the model step, CUDA graph beside it
 #
 # One device call carries at most 64 MiB, so the packs travel in two calls to the same warm machine:
 # `bash benchmarks/gpu_served_speed.sh unpack` with only .gpu/site312.tar.xz and .gpu/stub312.tar.xz
@@ -127,6 +128,15 @@ hops() {
   python3 benchmarks/ensemble_hops.py --device cuda --size users "$@" 2>&1 \
     | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace" | tee -a "$OUT/ensemble_hops.log" || true
   cp benchmarks/results/ensemble_hops_cuda_*.json "$OUT/" || true
+}
+
+# One call of the model step: compiled, eager, fused attention, and a CUDA graph (benchmarks/model_floor.py);
+# arguments go to it: `floor --precision fp16`.
+floor() {
+  unpack || exit 0
+  python3 benchmarks/model_floor.py --device cuda "$@" 2>&1 \
+    | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace\|USDT" | tee -a "$OUT/model_floor.log" || true
+  cp benchmarks/results/model_floor_cuda_*.json "$OUT/" || true
 }
 
 # The gate's A/A and +25% trials on the GPU (benchmarks/gate_quality.py --gpu); arguments go to it.

@@ -1,0 +1,154 @@
+"""Where one call of the model step goes: the users' BERT4Rec as the compile step makes it for the PyTorch
+backend, against the same weights eager, eager with PyTorch's fused attention (SDPA), that form through the
+compile step too, and the eager forward replayed as a CUDA graph: the GPU's own time without the host
+launching each kernel, which is what CUDA graphs or TensorRT could bring a served call down to.
+
+    .venv/bin/python benchmarks/model_floor.py --size demo --precision fp32      # CPU smoke
+    python3 benchmarks/model_floor.py --device cuda --precision fp16             # the GPU machine (gpu_served_speed.sh floor)
+
+Each form at each batch: the median of 100 calls after 20, inputs on the device, outputs back on the host
+as the served model hands them over; and how many operations one call puts on the device, from
+torch.profiler: GPU kernels and copies on CUDA, aten operators (nested ones included) on the CPU. Writes benchmarks/results/model_floor_<device>_<size>_<precision>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.compiled_speed import median_ms
+from components import model_folder
+from components.compile import compile_model
+from components.export import export
+from pipelines.samples import bert4rec
+
+HERE = Path(__file__).parent
+SIZES = {"users": bert4rec.USERS, "demo": bert4rec.DEMO}
+
+
+def with_sdpa(model: bert4rec.BERT4Rec) -> bert4rec.BERT4Rec:
+    """The same weights with PyTorch's fused attention (transformers' "sdpa") instead of "eager"."""
+    if hasattr(model.bert, "set_attn_implementation"):
+        model.bert.set_attn_implementation("sdpa")
+    else:  # transformers before 4.56
+        model.bert.config._attn_implementation = "sdpa"
+    return model
+
+
+def users_sdpa() -> bert4rec.BERT4Rec:
+    return with_sdpa(bert4rec.users_v1())
+
+
+def demo_sdpa() -> bert4rec.BERT4Rec:
+    return with_sdpa(bert4rec.bert4rec_v1())
+
+
+def compiled(factory: str, size: bert4rec.Size, device: str, precision: str, work: Path) -> Callable:
+    """The factory's model through the export and compile steps: the model.pt the PyTorch backend loads."""
+    (work / "signature.json").write_text(json.dumps(size.signatures()["model"]))
+    export(factory, work / "signature.json", work / "export")
+    tolerance = bert4rec.USERS_FP16_TOLERANCE if size == bert4rec.USERS and precision == "fp16" else None
+    compile_model(work / "export", work / "model", "model", precision=precision, device=device, tolerance=tolerance)
+    return torch.jit.load(str(model_folder.read(work / "model").version_dir / model_folder.MODEL_FILE), device)
+
+
+def eager(model: torch.nn.Module) -> Callable:
+    def call(*args: torch.Tensor) -> list[torch.Tensor]:
+        return [out.cpu() for out in model(*args)]
+
+    return call
+
+
+def graphed(model: torch.nn.Module, args: list[torch.Tensor]) -> Callable:
+    """The eager forward captured once as a CUDA graph at these inputs' shapes and replayed."""
+    static = [a.clone() for a in args]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.inference_mode():
+        for _ in range(3):
+            model(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.inference_mode():
+        outputs = model(*static)
+
+    def call(*new: torch.Tensor) -> list[torch.Tensor]:
+        for into, value in zip(static, new, strict=True):
+            into.copy_(value)
+        graph.replay()
+        return [out.cpu() for out in outputs]
+
+    return call
+
+
+def operations(fn: Callable, args: list[torch.Tensor], device: str) -> int:
+    """The GPU kernels and copies one call launches; on the CPU, the aten operators it runs."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.inference_mode(), torch.profiler.profile(activities=activities) as prof:
+        fn(*args)
+    if device.startswith("cuda"):
+        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return sum(1 for e in prof.events() if e.name.startswith("aten::"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "fp16"))
+    parser.add_argument("--size", default="users", choices=tuple(SIZES))
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    args = parser.parse_args()
+    size, cuda = SIZES[args.size], args.device.startswith("cuda")
+    base = "users_v1" if args.size == "users" else "bert4rec_v1"
+    report: dict = {"command": " ".join(sys.argv), "torch": torch.__version__, "rows": []}
+    report["device"] = torch.cuda.get_device_name() if cuda else "cpu"
+    dtype = torch.float16 if args.precision == "fp16" else torch.float32
+    with tempfile.TemporaryDirectory() as tmp:
+        forms: dict[str, Callable] = {}
+        for label, factory in [("compiled", f"pipelines.samples.bert4rec:{base}"), ("compiled, sdpa", "")]:
+            factory = factory or f"benchmarks.model_floor:{args.size}_sdpa"
+            (Path(tmp) / label).mkdir()
+            forms[label] = compiled(factory, size, args.device, args.precision, Path(tmp) / label)
+        plain = getattr(bert4rec, base)().to(args.device, dtype)
+        forms["eager"] = eager(plain)
+        forms["eager, sdpa"] = eager(with_sdpa(getattr(bert4rec, base)()).to(args.device, dtype))
+        rng = np.random.default_rng(5)
+        for batch in args.batches:
+            # what the pre step hands the model: item indices, the mask token last, and its position
+            items = rng.integers(1, size.items + 1, size=(batch, size.length - 1))
+            ids = np.concatenate([items, np.full((batch, 1), size.items + 1)], axis=1)
+            inputs = [torch.from_numpy(a).to(args.device) for a in (ids, np.full((batch, 1), size.length - 1))]
+            batch_forms = dict(forms)
+            if cuda:
+                try:
+                    batch_forms["eager, CUDA graph"] = graphed(plain, inputs)
+                except RuntimeError as exc:  # a forward that syncs with the host cannot be captured
+                    report["rows"].append({"form": "eager, CUDA graph", "batch": batch, "not_captured": str(exc)})
+            for form, fn in batch_forms.items():
+                ms = median_ms(fn, inputs, args.device, repeats=100, warmup=20)
+                row = {
+                    "form": form,
+                    "batch": batch,
+                    "ms": round(ms, 3),
+                    "operations": operations(fn, inputs, args.device),
+                }
+                report["rows"].append(row)
+                print(f"  {form:<18} batch {batch:>3}: {ms:7.3f} ms  {row['operations']:>4} operations", flush=True)
+    out = HERE / "results" / f"model_floor_{args.device.split(':')[0]}_{args.size}_{args.precision}.json"
+    out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
