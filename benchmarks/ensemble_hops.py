@@ -1,17 +1,17 @@
 """What the ensemble's hops cost: the BERT4Rec served as the users have it (Python pre step -> model ->
-Python post step) against the same model with the pre/post work folded into its forward
-(`pipelines.samples.bert4rec.WithCatalogue`: catalogue ids in, catalogue ids out, one TorchScript).
+Python post step), the same ensemble with its steps compiled to TorchScript (`bert4rec.CataloguePre` and
+`CataloguePost`, served by the PyTorch backend: no Python process between the steps), and the model with
+the pre/post work folded into its forward (`bert4rec.WithCatalogue`: catalogue ids in and out, one model).
 
     .venv/bin/python benchmarks/ensemble_hops.py                                   # CPU, demo size
     python3 benchmarks/ensemble_hops.py --device cuda --size users --precision fp16 --concurrency 1 16 --rates 10000
 
-Both forms are exported and compiled by the real steps (the folded one on realistic histories as its golden
-samples), served side by side by one embedded Triton through its PyTorch backend (the ensemble's steps in
-the Python backend), each with one instance and dynamic batching, and must give the same answers to the same
-histories before they are timed. Then, for each concurrency and each fixed rate (`--rates`), the forms take
-turns, `--repeats` perf_analyzer runs each (1 s windows, the same histories); medians of throughput, p50 and
-p99, and each step's mean queue and execution per run (Triton's statistics). Writes
-benchmarks/results/ensemble_hops_<device>_<size>_<precision>.json.
+Every form is exported and compiled by the real steps (the folded one and the steps on realistic golden
+samples), served side by side by one embedded Triton, each with one instance and dynamic batching, and must
+give the same answers to the same histories before it is timed. Then, for each concurrency and each fixed
+rate (`--rates`), the forms take turns, `--repeats` perf_analyzer runs each (1 s windows, the same
+histories); medians of throughput, p50 and p99, and each step's mean queue and execution per run (Triton's
+statistics). Writes benchmarks/results/ensemble_hops_<device>_<size>_<precision>.json.
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ OUTPUTS = ["recommended", "scores"]
 
 
 def check_same_answers(admin: TritonAdmin, names: list[str], histories: np.ndarray, int_mismatch: float) -> dict:
-    """Both forms answer the same histories alike: the same items (fp16 may swap near-tied neighbours, up to
-    `int_mismatch` of them) and scores within 2e-3."""
-    answers = [admin.infer_in_batches(name, {"history": histories}, OUTPUTS, 8) for name in names]
-    mismatch = float(np.mean(answers[0]["recommended"] != answers[1]["recommended"]))
-    score_gap = float(np.max(np.abs(answers[0]["scores"] - answers[1]["scores"])))
+    """Every form answers the same histories as the first: the same items (fp16 may swap near-tied
+    neighbours, up to `int_mismatch` of them) and scores within 2e-3."""
+    first, *others = [admin.infer_in_batches(name, {"history": histories}, OUTPUTS, 8) for name in names]
+    mismatch = max(float(np.mean(first["recommended"] != other["recommended"])) for other in others)
+    score_gap = max(float(np.max(np.abs(first["scores"] - other["scores"]))) for other in others)
     if mismatch > int_mismatch or score_gap > 2e-3:
         raise SystemExit(f"the forms answer differently: {mismatch:.1%} of items differ, scores up to {score_gap:.2g}")
     return {"items_differing": mismatch, "max_score_difference": score_gap}
@@ -67,13 +67,15 @@ def main() -> None:
     users = args.size == "users"
     size = bert4rec.USERS if users else bert4rec.DEMO
     tolerance = bert4rec.USERS_FP16_TOLERANCE if users and args.precision == "fp16" else None
-    forms = {"ensemble": "hops", "folded": "hops_folded"}
+    forms = {"ensemble": "hops", "compiled steps": "hopsc", "folded": "hops_folded"}
     report: dict = {"command": " ".join(sys.argv), "torch": torch.__version__, "cpus": os.cpu_count(), "rows": []}
     with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=1) as stack:
         tmp_path = Path(tmp)
-        bundle = bert4rec.build_bundle(
-            tmp_path / "bundle", "users_v1" if users else "bert4rec_v1", "hops", args.device, args.precision, tolerance
-        )
+        factory = "users_v1" if users else "bert4rec_v1"
+        bundles = [
+            bert4rec.build_bundle(tmp_path / name, factory, name, args.device, args.precision, tolerance, compiled)
+            for name, compiled in (("hops", False), ("hopsc", True))
+        ]
         folded = bert4rec.build_folded(
             tmp_path / "hops_folded",
             "users_folded_v1" if users else "folded_v1",
@@ -85,7 +87,8 @@ def main() -> None:
         histories = bert4rec.histories(64, seed=3, size=size)
         data = perf.write_input_data({"history": histories[:16]}, tmp_path / "input.json", batched=True)
         with TritonAdmin(server.http_url) as admin:
-            for folder in [*sorted(p for p in bundle.iterdir() if p.name != "hops"), bundle / "hops", folded]:
+            members = [p for b in bundles for p in sorted(b.iterdir()) if p.name != b.name]
+            for folder in [*members, *(b / b.name for b in bundles), folded]:
                 upload_folder(stack.s3.client(), stack.bucket, folder, f"{PRODUCTION_PREFIX}/{folder.name}")
                 admin.load(folder.name)
             report["answers"] = check_same_answers(
@@ -97,8 +100,8 @@ def main() -> None:
                 label = (
                     f"conc {point['concurrency']:>5}" if "concurrency" in point else f"rate {point['request_rate']:>5g}"
                 )
-                perf.measure(server.http_url, "hops_folded", data, load)  # warm-up, unrecorded
-                perf.measure(server.http_url, "hops", data, load)
+                for name in forms.values():  # warm-up, unrecorded
+                    perf.measure(server.http_url, name, data, load)
                 runs: dict[str, list] = {form: [] for form in forms}
                 for _round in range(args.repeats):  # the forms take turns: each sees the same machine
                     for form, name in forms.items():
@@ -119,7 +122,7 @@ def main() -> None:
                     }
                     report["rows"].append(row)
                     print(
-                        f"  {form:<9} {label}: {row['throughput'] or 0:>8,.0f} infer/s  "
+                        f"  {form:<14} {label}: {row['throughput'] or 0:>8,.0f} infer/s  "
                         f"p50 {row['p50_ms'] or 0:6.2f}  p99 {row['p99_ms'] or 0:6.2f} ms  {row['failures'] or ''}",
                         flush=True,
                     )

@@ -1,11 +1,13 @@
-"""Ensembles: a compiled model released together with its Python-backend pre/post-processing steps.
+"""Ensembles: a compiled model released together with its pre/post-processing steps: Python-backend steps
+(step.py), or steps compiled to TorchScript like the model (`CompiledStep`), served by the PyTorch backend.
 
 A release bundle is a folder of Triton model folders released as one version N:
 
     <bundle>/<ensemble>/config.pbtxt     platform "ensemble": pre -> model -> post, tensors chained by name
     <bundle>/<ensemble>/1/                signature.yaml (what clients send and get), golden.npz, build.json
     <bundle>/<model>/...                  the compiled model folder (tritonship compile)
-    <bundle>/<pre>/1/step.py + its files  (model.py: tritonship's step wrapper), and the same for <post>
+    <bundle>/<pre>/1/step.py + its files  (model.py: tritonship's step wrapper), and the same for <post>;
+                                          or a compiled step's folder, as `tritonship compile` wrote it
 
 Every member is published as version N of its own name, and the ensemble's config pins each step to
 model_version N. That pin is what makes a switch atomic: a replica first loads the members' version N
@@ -13,7 +15,8 @@ beside the old one, then reloads the ensemble (pinned to N) in one step, then un
 so no request ever runs old and new members together.
 
 The golden outputs of the ensemble are computed in plain Python at assembly time, from the same step.py
-code and the eager model: the accuracy check compares what Triton serves through the ensemble with that.
+code (a compiled step: its model.pt, checked against its eager module when it was compiled) and the eager
+model: the accuracy check compares what Triton serves through the ensemble with that.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import numpy as np
 
 from components import model_folder
 from components.errors import TritonshipError
-from components.model_config import ModelConfig, ServingSettings, build, to_pbtxt, with_settings
+from components.model_config import ModelConfig, ServingSettings, build, renamed, to_pbtxt, with_settings
 from components.model_folder import ModelFolder
 from components.signature import Signature
 
@@ -129,12 +132,59 @@ class Step:
         return lambda inputs: module.process(state, inputs)
 
 
+@dataclass(frozen=True)
+class CompiledStep:
+    """A pre- or post-processing step compiled to TorchScript (`tritonship compile` of an nn.Module), in
+    `folder`: the PyTorch backend serves it like the model, with no Python process to hand requests to."""
+
+    name: str
+    folder: Path
+
+    @property
+    def signature(self) -> Signature:
+        return model_folder.read(self.folder).signature
+
+    def runner(self) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+        import torch
+
+        compiled = model_folder.read(self.folder)
+        device = compiled.fingerprint().get("device", "cpu")
+        module = torch.jit.load(str(compiled.version_dir / model_folder.MODEL_FILE), map_location=device)
+        signature = compiled.signature
+
+        def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            args = [torch.from_numpy(np.ascontiguousarray(inputs[s.name])).to(device) for s in signature.inputs]
+            with torch.inference_mode():
+                result = module(*args)
+            result = (result,) if isinstance(result, torch.Tensor) else result
+            return {s.name: t.cpu().numpy() for s, t in zip(signature.outputs, result, strict=True)}
+
+        return run
+
+
+def step_at(name: str, path: Path, signature: Path | None = None) -> Step | CompiledStep:
+    """The step in `path`: a compiled model folder (it carries its signature), or a folder with step.py and
+    the files it reads, whose signature file `signature` gives."""
+    if (Path(path) / model_folder.CONFIG_FILE).is_file():
+        return CompiledStep(name, Path(path))
+    if signature is None:
+        raise EnsembleError(f"the step {path} is a step.py folder; give its signature (YAML/JSON) as well.")
+    return Step(name, Path(path), Signature.load(signature))
+
+
 def step_source() -> str:
     return (Path(__file__).parent / "templates" / "python_step_model.py").read_text()
 
 
-def write_step(step: Step, folder: Path) -> Path:
-    """A Triton model folder for `step`: its files, tritonship's wrapper model.py, signature and config."""
+def write_step(step: Step | CompiledStep, folder: Path) -> Path:
+    """A Triton model folder for `step`: its files, tritonship's wrapper model.py, signature and config; a
+    compiled step's folder as compiled, named after the step."""
+    if isinstance(step, CompiledStep):
+        shutil.copytree(step.folder, folder)
+        config = renamed(model_folder.read(folder).config, step.name)
+        config.parameters[ROLE_PARAMETER].string_value = STEP_ROLE
+        (folder / model_folder.CONFIG_FILE).write_text(to_pbtxt(config))
+        return folder
     version_dir = folder / model_folder.VERSION_DIR
     shutil.copytree(step.directory, version_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (version_dir / model_folder.PYTHON_MODEL_FILE).write_text(step_source())
@@ -174,9 +224,13 @@ def ensemble_config(name: str, signature: Signature, members: list[ModelConfig])
 
 
 def reference_outputs(
-    pre: Step, model: Callable[..., Any], model_signature: Signature, post: Step, inputs: dict[str, np.ndarray]
+    pre: Step | CompiledStep,
+    model: Callable[..., Any],
+    model_signature: Signature,
+    post: Step | CompiledStep,
+    inputs: dict[str, np.ndarray],
 ) -> dict[str, np.ndarray]:
-    """The ensemble's answer computed in Python: pre's step.py, the eager model, post's step.py."""
+    """The ensemble's answer computed in Python: pre's step.py (or model.pt), the eager model, post's."""
     import torch
 
     tensors = dict(inputs)
@@ -194,8 +248,8 @@ def assemble(
     name: str,
     signature: Signature,
     compiled: Path,
-    pre: Step,
-    post: Step,
+    pre: Step | CompiledStep,
+    post: Step | CompiledStep,
     eager: Callable[..., Any],
     golden_inputs: dict[str, np.ndarray],
 ) -> Path:

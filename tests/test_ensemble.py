@@ -218,15 +218,20 @@ def test_cli_assembles_the_same_bundle_from_its_parts(tmp_path, bundles):
         np.testing.assert_array_equal(outputs[name], expected)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, tmp_path, stack):
+@pytest.mark.parametrize(
+    "device, steps",
+    [("cpu", "python"), ("cpu", "torchscript"), pytest.param("cuda", "python", marks=pytest.mark.gpu)],
+)
+def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, steps, tmp_path, stack):
     """The users' model in its production form: catalogue ids -> bert4rec_pre -> BERT4Rec (transformers,
     exported with the default method, compiled on `device`) -> bert4rec_post -> catalogue ids. Staged dark
     on the gate, where its answers must equal the reference computed in Python from the same step code and
     the eager model; tuned (one setting for every member, the pre/post steps with an instance count of their
-    own), gated as tuned and promoted with those settings. The cuda case is the same release with the model on a KIND_GPU instance (the lent GPU machine)."""
+    own), gated as tuned and promoted with those settings. The steps are Python-backend step.py folders or,
+    `torchscript`, compiled like the model and served by the PyTorch backend. The cuda case is the same
+    release with the model on a KIND_GPU instance (the lent GPU machine)."""
     name = unique("b4r")
-    bundle = bert4rec.build_bundle(tmp_path / "bundle", name=name, device=device)
+    bundle = bert4rec.build_bundle(tmp_path / "bundle", name=name, device=device, compiled_steps=steps == "torchscript")
     repo_uri = repository(stack)
     version = publish(bundle, repo_uri, s3=stack.s3).version
     staged = stage(repo_uri, name, version, stack.gate.http_url, s3=stack.s3, run_id="b4r")
@@ -251,9 +256,11 @@ def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, tmp_path, 
     instances = {m: chosen.instance_count if m.endswith("_model") else chosen.step_instance_count for m in members}
     assert chosen.step_instance_count is not None  # the steps' instances are a knob of their own
     gate_admin = TritonAdmin(stack.gate.http_url)
-    for member in members:  # the gate serves every member with the chosen settings
+    for member in members:  # the gate serves every member with the chosen settings, each by its backend
         served = gate_admin.model_config(candidate_name(member))
         assert served["instance_group"][0]["count"] == instances[member]
+        python_step = steps == "python" and not member.endswith("_model")
+        assert served["backend"] == ("python" if python_step else "pytorch"), served
     verdict = gate(
         repo_uri, name, version, stack.gate.http_url, ABSOLUTE_GATE, staged, s3=stack.s3, run_id="b4r", tuning=tuning
     )

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from components import model_config, perf, report
+from components import model_config, perf
 from components.gate import gate
 from components.model_config import ServingSettings
 from components.promote import promote
@@ -242,74 +241,6 @@ def test_a_default_that_cannot_be_measured_is_kept():
     assert result.chosen == DEFAULT and len(result.trials) == 1
 
 
-RATE = dataclasses.replace(SPACE, load=perf.LoadSettings(request_rate=150, stability_pct=RELAXED_STABILITY_PCT))
-
-
-def test_at_a_fixed_rate_the_lowest_p99_among_the_settings_that_keep_up_wins():
-    """At a fixed rate every setting that keeps up serves the same throughput: 3 instances have the lowest
-    p99 but fall behind the rate, 2 instances keep up 30% faster than the default."""
-
-    def throughput(s: ServingSettings) -> float:
-        return 100.0 if s.instance_count == 3 else 149.0
-
-    def p99(s: ServingSettings) -> float:
-        return {1: 1.0, 2: 0.7, 3: 0.5}[s.instance_count] + s.max_queue_delay_us / 1000
-
-    measure, _ = surface(throughput, p99)
-    result = search(measure, DEFAULT, RATE, len(grid(DEFAULT, RATE)))
-    assert result.chosen == dataclasses.replace(DEFAULT, instance_count=2) and result.request_rate == 150
-    assert result.gain_pct == pytest.approx(30.0)
-    assert result.confirmation == "confirmed: +30.0% lower p99 at 150 requests/s over all runs of both"
-    assert TuneResult.from_json(result.to_json()).gain_pct == pytest.approx(30.0)
-    header = report.tuning_markdown(json.loads(result.to_json()))[1]
-    assert "p99 +30.0% lower than the default's at 150 requests/s" in header
-
-
-def test_at_a_fixed_rate_a_winner_that_falls_behind_when_measured_again_is_not_adopted():
-    runs: dict[ServingSettings, int] = {}
-
-    def measure(settings: ServingSettings) -> Trial:
-        runs[settings] = runs.get(settings, 0) + 1
-        behind = settings.instance_count == 2 and runs[settings] == 2
-        return Trial(settings, 120.0 if behind else 150.0, 0.5 if settings.instance_count == 2 else 1.0)
-
-    unbatched = dataclasses.replace(DEFAULT, max_batch_size=None, dynamic_batching=False)
-    result = search(measure, unbatched, dataclasses.replace(RATE, instance_counts=(1, 2)), 2)
-    assert result.chosen == unbatched
-    assert (
-        result.confirmation
-        == "not confirmed: measured again, it served 135 of the 150 requests/s offered; the default is kept"
-    )
-
-
-def test_at_a_fixed_rate_one_high_reading_of_the_default_does_not_confirm_a_winner():
-    """The default runs three times and the winner twice: compared on their highest p99s, the default's one
-    high reading (1.6 ms) would make a 5% difference look like 34%; on the means it is 15%, under 20%."""
-    p99s = iter([1.0, 1.6, 1.0, 1.05, 1.0])  # default twice, 2 instances, then 2 instances and the default again
-
-    def measure(settings: ServingSettings) -> Trial:
-        return Trial(settings, 150.0, next(p99s))
-
-    unbatched = dataclasses.replace(DEFAULT, max_batch_size=None, dynamic_batching=False)
-    space = dataclasses.replace(RATE, instance_counts=(1, 2), min_gain_pct=20)
-    result = search(measure, unbatched, space, 2)
-    assert result.chosen == unbatched and len(result.trials) == 5
-    assert "+14.6% lower p99 at 150 requests/s over all runs (under +20%)" in result.confirmation
-
-
-def test_a_fixed_rate_gets_client_threads_enough_to_send_it():
-    """perf_analyzer's own default, 4 threads, sends about 1,000 requests/s whatever the rate asked."""
-
-    def threads(load: perf.LoadSettings) -> str:
-        args = perf._arguments("h:1", "m", Path("in.json"), load, "", Path("out"))
-        return args[args.index("--max-threads") + 1]
-
-    assert threads(perf.LoadSettings(request_rate=10_000)) == "100"
-    assert threads(perf.LoadSettings(request_rate=50)) == "16"
-    assert threads(perf.LoadSettings(request_rate=10_000, max_threads=8)) == "8"
-    assert "--max-threads" not in perf._arguments("h:1", "m", Path("in.json"), perf.LoadSettings(), "", Path("o"))
-
-
 def test_tune_result_round_trips_through_json():
     measure, _ = surface(lambda s: 1000.0 * s.instance_count)
     result = search(measure, DEFAULT, SPACE, 96)
@@ -408,21 +339,4 @@ def test_the_gate_report_and_history_carry_the_tuning_table(tmp_path, stack):
     assert json.loads((tmp_path / "g" / "verdict.json").read_text())["tuning"]["chosen"] == chosen
     gate_event = ModelRepository(repository(stack), stack.s3).history(name)[-1]
     assert gate_event["event"] == "gate" and gate_event["serving"] == chosen
-    TritonAdmin(stack.gate.http_url).unload(f"{name}__candidate")
-
-
-@pytest.mark.slow
-def test_tune_at_a_request_rate_measures_every_setting_at_that_rate(stack, tmp_path):
-    """For real, from the flat settings the CLI and the pipeline give: perf_analyzer sends the rate (the MLP
-    serves thousands of requests/s at a concurrency, 150/s here), and a setting other than the default is
-    chosen only for a p99 lower by the minimum gain."""
-    name = unique("tunerate")
-    (tmp_path / "v1").mkdir()
-    version = publish(mlp_folder(tmp_path / "v1", name), repository(stack), s3=stack.s3).version
-    stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
-    settings = TuneSettings.from_flat(request_rate=150, window_ms=1000, instance_counts="1,2", budget=3)
-    result = tune(repository(stack), name, version, stack.gate.http_url, settings, s3=stack.s3)
-    assert result.request_rate == 150 and result.trials
-    assert all(t.measured and 140 <= t.throughput <= 160 for t in result.trials), [t.row() for t in result.trials]
-    assert result.chosen == result.default or result.gain_pct >= settings.min_gain_pct
     TritonAdmin(stack.gate.http_url).unload(f"{name}__candidate")

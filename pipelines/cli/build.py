@@ -101,19 +101,27 @@ def ensemble_cmd(
     name: Annotated[str, typer.Option(help="the ensemble's name (what clients call)")],
     signature: Annotated[Path, typer.Option(help="the ensemble's I/O signature (YAML/JSON)")],
     model: Annotated[str, typer.Option(help="the eager model for the reference: pkg.mod:factory or a file")],
-    pre: Annotated[Path, typer.Option(help="preprocessing: a folder with step.py and the files it reads")],
-    pre_signature: Annotated[Path, typer.Option(help="preprocessing I/O signature")],
-    post: Annotated[Path, typer.Option(help="postprocessing: a folder with step.py and the files it reads")],
-    post_signature: Annotated[Path, typer.Option(help="postprocessing I/O signature")],
+    pre: Annotated[
+        Path,
+        typer.Option(help="preprocessing: a folder with step.py and the files it reads, or a compiled model folder"),
+    ],
+    post: Annotated[
+        Path,
+        typer.Option(help="postprocessing: a folder with step.py and the files it reads, or a compiled model folder"),
+    ],
     inputs: Annotated[Path, typer.Option(help="golden ensemble inputs: .npz with one array per input")],
     out: Annotated[Path, typer.Option(help="the bundle folder to write")],
+    pre_signature: Annotated[Path | None, typer.Option(help="a step.py preprocessing's I/O signature")] = None,
+    post_signature: Annotated[Path | None, typer.Option(help="a step.py postprocessing's I/O signature")] = None,
     checkpoint: Annotated[str | None, typer.Option(help="state_dict for the factory (local or s3://)")] = None,
 ) -> None:
     """Assemble a release bundle: the compiled model, its pre/post-processing steps and the ensemble that
-    chains them, with reference outputs computed in Python from the same step.py code and the eager model."""
+    chains them, with reference outputs computed in Python from the same step code and the eager model. A
+    step compiled to TorchScript (`tritonship compile` of an nn.Module) is served by the PyTorch backend,
+    with no Python process between the steps."""
     import numpy as np
 
-    from components.ensemble import Step, assemble
+    from components.ensemble import assemble, step_at
     from components.model_source import load_model
     from components.signature import Signature
 
@@ -126,8 +134,8 @@ def ensemble_cmd(
             name,
             Signature.load(signature),
             compiled,
-            Step(pre_name, pre, Signature.load(pre_signature)),
-            Step(post_name, post, Signature.load(post_signature)),
+            step_at(pre_name, pre, pre_signature),
+            step_at(post_name, post, post_signature),
             load_model(model, checkpoint),
             golden,
         )

@@ -33,7 +33,7 @@ from torch import nn
 from components.parity import Tolerance
 
 if TYPE_CHECKING:
-    from components.ensemble import Step
+    from components.ensemble import CompiledStep, Step
 
 HERE = Path(__file__).parent
 TOP_K = 10
@@ -124,19 +124,17 @@ class BERT4Rec(nn.Module):
         return indices + 1, scores
 
 
-class WithCatalogue(nn.Module):
-    """The ensemble's pre and post steps folded into the model's forward: catalogue ids in, catalogue ids
-    out, the same answers in one model instead of three steps (benchmarks/ensemble_hops.py)."""
+class CataloguePre(nn.Module):
+    """The pre step in TorchScript: catalogue ids -> vocabulary indices (unknown ids: padding), the mask
+    token appended, and its position; what pre/step.py does in numpy."""
 
-    def __init__(self, model: BERT4Rec) -> None:
+    def __init__(self, size: Size = DEMO) -> None:
         super().__init__()
-        self.model = model
-        ids = torch.tensor(model.size.catalogue_ids(), dtype=torch.int64)  # vocabulary index = position + 1
+        ids = torch.tensor(size.catalogue_ids(), dtype=torch.int64)  # vocabulary index = position + 1
         order = torch.argsort(ids)
         self.register_buffer("sorted_ids", ids[order])
         self.register_buffer("index_of_sorted", order + 1)
-        self.register_buffer("id_of_index", torch.cat([torch.tensor([-1]), ids, torch.tensor([-1])]))
-        self.mask_token = model.size.items + 1
+        self.mask_token = size.items + 1
         # an int, not numel(): a trace keeps numel() as a CPU tensor, which clamp refuses on CUDA
         self.last = len(ids) - 1
 
@@ -145,9 +143,31 @@ class WithCatalogue(nn.Module):
         known = self.sorted_ids[where] == history
         indices = torch.where(known, self.index_of_sorted[where], torch.zeros_like(history))  # unknown: padding
         target = torch.ones_like(history[:, :1])
-        item_ids = torch.cat([indices, target * self.mask_token], dim=1)
-        top, scores = self.model(item_ids, target * history.size(1))
-        return self.id_of_index[top], scores
+        return torch.cat([indices, target * self.mask_token], dim=1), target * history.size(1)
+
+
+class CataloguePost(nn.Module):
+    """The post step in TorchScript: vocabulary indices -> catalogue ids (padding and the mask token: -1)."""
+
+    def __init__(self, size: Size = DEMO) -> None:
+        super().__init__()
+        ids = torch.tensor(size.catalogue_ids(), dtype=torch.int64)
+        self.register_buffer("id_of_index", torch.cat([torch.tensor([-1]), ids, torch.tensor([-1])]))
+
+    def forward(self, topk_indices: torch.Tensor, topk_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.id_of_index[topk_indices], topk_scores
+
+
+class WithCatalogue(nn.Module):
+    """The ensemble's pre and post steps folded into the model's forward: catalogue ids in, catalogue ids
+    out, the same answers in one model instead of three steps (benchmarks/ensemble_hops.py)."""
+
+    def __init__(self, model: BERT4Rec) -> None:
+        super().__init__()
+        self.model, self.pre, self.post = model, CataloguePre(model.size), CataloguePost(model.size)
+
+    def forward(self, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.post(*self.model(*self.pre(history)))
 
 
 def bert4rec_v1() -> nn.Module:
@@ -189,18 +209,84 @@ def users_folded_v1() -> nn.Module:
     return WithCatalogue(users_v1()).eval()
 
 
+def catalogue_pre() -> nn.Module:
+    return CataloguePre(DEMO).eval()
+
+
+def catalogue_post() -> nn.Module:
+    return CataloguePost(DEMO).eval()
+
+
+def users_catalogue_pre() -> nn.Module:
+    return CataloguePre(USERS).eval()
+
+
+def users_catalogue_post() -> nn.Module:
+    return CataloguePost(USERS).eval()
+
+
 def histories(count: int, seed: int = 0, size: Size = DEMO) -> np.ndarray:
     """Realistic client requests: histories of catalogue ids."""
     rng = np.random.default_rng(seed)
     return rng.choice(np.asarray(size.catalogue_ids(), dtype=np.int64), size=(count, size.length - 1))
 
 
-def ensemble_steps(work: Path, name: str, size: Size = DEMO) -> list[Step]:
-    """The pre and post steps as folders under `work`, reading the catalogue of `size`."""
-    from components.ensemble import Step
+def compiled_folder(
+    factory: str,
+    signature: dict,
+    out: Path,
+    device: str = "cpu",
+    precision: str = "fp32",
+    tolerance: Tolerance | None = None,
+    golden: dict[str, np.ndarray] | None = None,
+) -> Path:
+    """This module's `factory` through the export and compile steps (TorchScript for Triton's PyTorch
+    backend, on `device` at `precision`, checked at `tolerance`): the model folder `out`, named as it."""
+    from components.compile import compile_model
+    from components.export import export
+
+    with tempfile.TemporaryDirectory(prefix="tritonship-bert4rec-") as tmp:
+        work = Path(tmp)
+        (work / "signature.json").write_text(json.dumps(signature))
+        if golden is not None:
+            np.savez(work / "golden.npz", **golden)
+        export(
+            f"pipelines.samples.bert4rec:{factory}",
+            work / "signature.json",
+            work / "export",
+            golden=work / "golden.npz" if golden is not None else None,
+        )
+        compile_model(work / "export", out, out.name, precision=precision, device=device, tolerance=tolerance)
+    return out
+
+
+STEP_FACTORIES = {DEMO: ("catalogue_pre", "catalogue_post"), USERS: ("users_catalogue_pre", "users_catalogue_post")}
+
+
+def ensemble_steps(work: Path, name: str, size: Size = DEMO, compiled: bool = False) -> list[Step | CompiledStep]:
+    """The pre and post steps under `work`, reading the catalogue of `size`: step.py folders for the Python
+    backend, or `compiled`, CataloguePre and CataloguePost compiled to TorchScript for the PyTorch backend
+    (on the CPU: a lookup and a gather, no work for a GPU)."""
+    from components.ensemble import CompiledStep, Step
     from components.signature import Signature
 
-    steps = []
+    if compiled:
+        rng = np.random.default_rng(7)
+        goldens = [
+            {"history": histories(16, seed=7, size=size)},
+            {
+                "topk_indices": rng.integers(0, size.items + 2, size=(16, TOP_K)),
+                "topk_scores": rng.random((16, TOP_K), dtype=np.float32),
+            },
+        ]
+        return [
+            CompiledStep(
+                f"{name}_{role}",
+                compiled_folder(factory, size.signatures()[role], work / f"{name}_{role}", golden=golden),
+            )
+            for role, factory, golden in zip(("pre", "post"), STEP_FACTORIES[size], goldens, strict=True)
+        ]
+    steps: list[Step | CompiledStep] = []
     for role in ("pre", "post"):
         directory = work / f"{name}_{role}"
         shutil.copytree(HERE / role, directory, ignore=shutil.ignore_patterns("__pycache__"))
@@ -216,36 +302,26 @@ def build_bundle(
     device: str = "cpu",
     precision: str = "fp32",
     tolerance: Tolerance | None = None,
+    compiled_steps: bool = False,
 ) -> Path:
-    """Export (default method) and compile the model (TorchScript for Triton's PyTorch backend;
-    on `device` at `precision`, checked at `tolerance`, else the precision's), then assemble the release
-    bundle with the pre- and postprocessing steps. The size is the factory's model's."""
-    from components.compile import compile_model
+    """Export (default method) and compile the model (TorchScript for Triton's PyTorch backend; on `device`
+    at `precision`, checked at `tolerance`, else the precision's), then assemble the release bundle with the
+    pre- and postprocessing steps (Python, or `compiled_steps`: TorchScript). The size is the factory's
+    model's."""
     from components.ensemble import assemble
-    from components.export import export
     from components.signature import Signature
 
     eager = globals()[factory]()
     size, signatures = eager.size, eager.size.signatures()
     with tempfile.TemporaryDirectory(prefix="tritonship-bert4rec-") as tmp:
         work = Path(tmp)
-        (work / "signature.json").write_text(json.dumps(signatures["model"]))
-        export(f"pipelines.samples.bert4rec:{factory}", work / "signature.json", work / "export")
-        compile_model(
-            work / "export",
-            work / f"{name}_model",
-            f"{name}_model",
-            precision=precision,
-            device=device,
-            tolerance=tolerance,
-        )
-        steps = ensemble_steps(work, name, size)
+        model = compiled_folder(factory, signatures["model"], work / f"{name}_model", device, precision, tolerance)
         assemble(
             out,
             name,
             Signature.from_dict(signatures["ensemble"]),
-            work / f"{name}_model",
-            *steps,
+            model,
+            *ensemble_steps(work, name, size, compiled_steps),
             eager,
             {"history": histories(16, size=size)},
         )
@@ -261,19 +337,6 @@ def build_folded(
 ) -> Path:
     """The model with its steps folded in (`WithCatalogue`) through the export and compile steps as one
     model folder `out` (named as it), its golden samples real histories; the size is the factory's model's."""
-    from components.compile import compile_model
-    from components.export import export
-
     size = globals()[factory]().model.size
-    with tempfile.TemporaryDirectory(prefix="tritonship-bert4rec-") as tmp:
-        work = Path(tmp)
-        (work / "signature.json").write_text(json.dumps(size.signatures()["folded"]))
-        np.savez(work / "histories.npz", history=histories(16, seed=7, size=size))
-        export(
-            f"pipelines.samples.bert4rec:{factory}",
-            work / "signature.json",
-            work / "export",
-            golden=work / "histories.npz",
-        )
-        compile_model(work / "export", out, out.name, precision=precision, device=device, tolerance=tolerance)
-    return out
+    golden = {"history": histories(16, seed=7, size=size)}
+    return compiled_folder(factory, size.signatures()["folded"], out, device, precision, tolerance, golden)
