@@ -29,9 +29,10 @@ and with the TorchScript profiling executor on or off; `--no-users` leaves the u
 `--client-cpus 0 4` measures each sweep twice: perf_analyzer on every core beside the server (one host, as
 the users measured), then on 4 cores of its own with the server on the rest (as a client on another host);
 each point records the cores perf_analyzer, tritonserver and the Python steps' stubs kept busy.
-`--release folded` releases the same recommender with its pre/post lookups folded into the model
+`--steps torchscript` releases the ensemble with its pre/post steps compiled to TorchScript (the PyTorch
+backend serves them; no Python process between the steps). `--release folded` releases the same recommender with its pre/post lookups folded into the model
 (`bert4rec.WithCatalogue`: catalogue ids in and out, one TorchScript, no Python step) through the same steps.
-Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_folded][_<forms>][_<protocols>][_client<N_…>][_instances]_pytorch_backend.json
+Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_folded|_compiled_steps][_<forms>][_<protocols>][_client<N_…>][_instances]_pytorch_backend.json
 (the files without `_pytorch_backend` were measured with the model step in the Python backend).
 """
 
@@ -163,6 +164,12 @@ def main() -> None:
         help="what is released: the users' ensemble, or the model with its steps folded in (one model)",
     )
     parser.add_argument(
+        "--steps",
+        default="python",
+        choices=("python", "torchscript"),
+        help="the ensemble's pre/post steps: Python backend, or compiled to TorchScript (PyTorch backend)",
+    )
+    parser.add_argument(
         "--targets",
         default=None,
         help="what perf_analyzer drives: the ensemble, and the model step alone (its own inputs); default "
@@ -215,7 +222,13 @@ def main() -> None:
     forms = "" if args.forms == "torchscript" else "_" + args.forms.replace(",", "_")
     protocols = "" if args.protocols == "http" else "_" + args.protocols.replace(",", "_")
     placed = "_client" + "_".join(map(str, args.client_cpus)) if args.client_cpus != [0] else ""
-    suffix = ("_folded" if folded else "") + forms + protocols + placed + ("_instances" if args.instances else "")
+    suffix = (
+        ("_folded" if folded else "_compiled_steps" if args.steps == "torchscript" else "")
+        + forms
+        + protocols
+        + placed
+        + ("_instances" if args.instances else "")
+    )
     out = HERE / "results" / f"gpu_bert4rec_{args.device.split(':')[0]}_{args.precision}{suffix}_pytorch_backend.json"
     grpc = "grpc" in args.protocols.split(",")
     locked = [api for api in admin_key.RESTRICTED_APIS if not (grpc and api == "model-config")]
@@ -227,7 +240,10 @@ def main() -> None:
         if folded:
             bundle = bert4rec.build_folded(Path(tmp) / name, factory, args.device, args.precision, tolerance)
         else:
-            bundle = bert4rec.build_bundle(Path(tmp) / "bundle", factory, name, args.device, args.precision, tolerance)
+            compiled_steps = args.steps == "torchscript"
+            bundle = bert4rec.build_bundle(
+                Path(tmp) / "bundle", factory, name, args.device, args.precision, tolerance, compiled_steps
+            )
         report["build_seconds"] = time.monotonic() - t
         compiled = model_folder.read(bundle if folded else bundle / f"{name}_model")
         report["plain_model"] = plain_model_ms(

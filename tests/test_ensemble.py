@@ -30,6 +30,7 @@ from tests.release_helpers import ABSOLUTE_GATE, TEST_GATE, SteadyClient, replic
 
 NAME = "recsys"
 MEMBERS = ["recsys_pre", "recsys_model", "recsys_post"]
+CUDA_FORMS = [pytest.param("cuda", steps, marks=pytest.mark.gpu) for steps in ("python", "torchscript")]
 # Measured against the stable ensemble (loaded with its members on the gate) on wide limits: these tests are
 # about releasing an ensemble as one; the gate's statistics are measured by benchmarks/gate_quality.py.
 THROUGH_THE_STABLE = dataclasses.replace(
@@ -218,10 +219,7 @@ def test_cli_assembles_the_same_bundle_from_its_parts(tmp_path, bundles):
         np.testing.assert_array_equal(outputs[name], expected)
 
 
-@pytest.mark.parametrize(
-    "device, steps",
-    [("cpu", "python"), ("cpu", "torchscript"), pytest.param("cuda", "python", marks=pytest.mark.gpu)],
-)
+@pytest.mark.parametrize("device, steps", [("cpu", "python"), ("cpu", "torchscript"), *CUDA_FORMS])
 def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, steps, tmp_path, stack):
     """The users' model in its production form: catalogue ids -> bert4rec_pre -> BERT4Rec (transformers,
     exported with the default method, compiled on `device`) -> bert4rec_post -> catalogue ids. Staged dark
