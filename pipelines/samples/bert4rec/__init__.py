@@ -1,6 +1,8 @@
 """The users' recommender: BERT4Rec on transformers' BertForMaskedLM, tiny and with random weights (no
-hub download), served alone or as an ensemble (pre -> model -> post), and the demo's model. `WithCatalogue`
-is the same recommender with the pre and post steps' lookups folded into its forward.
+hub download), served alone or as an ensemble (pre -> model -> post), and the demo's model. The pre and
+post steps exist twice: as step.py folders (numpy, the Python backend) and as `CataloguePre` and
+`CataloguePost` (TorchScript, the PyTorch backend). `WithCatalogue` chains those two around the model:
+the same recommender with the lookups folded into one forward.
 
 The serving forward takes an item-index sequence `[B, L]` and the masked target position `[B, 1]`. It
 builds the position ids from the input's own shape and the attention mask from the padding, gathers the
