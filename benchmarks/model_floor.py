@@ -116,8 +116,11 @@ def main() -> None:
     dtype = torch.float16 if args.precision == "fp16" else torch.float32
     with tempfile.TemporaryDirectory() as tmp:
         forms: dict[str, Callable] = {}
-        for label, factory in [("compiled", f"pipelines.samples.bert4rec:{base}"), ("compiled, sdpa", "")]:
-            factory = factory or f"benchmarks.model_floor:{args.size}_sdpa"
+        factories = {
+            "compiled": f"pipelines.samples.bert4rec:{base}",
+            "compiled, sdpa": f"benchmarks.model_floor:{args.size}_sdpa",
+        }
+        for label, factory in factories.items():
             (Path(tmp) / label).mkdir()
             forms[label] = compiled(factory, size, args.device, args.precision, Path(tmp) / label)
         plain = getattr(bert4rec, base)().to(args.device, dtype)

@@ -229,8 +229,8 @@ def search(
     measure: Callable[[ServingSettings], Trial], default: ServingSettings, settings: TuneSettings, grid_size: int
 ) -> TuneResult:
     """Coordinate search from `default` (see the module docstring). `measure` loads and measures one setting."""
-    result = TuneResult("", 0, default, default, settings.max_p99_ms, grid_size)
-    result.request_rate = settings.load.request_rate
+    rate = settings.load.request_rate
+    result = TuneResult("", 0, default, default, settings.max_p99_ms, grid_size, request_rate=rate)
     measured: dict[ServingSettings, Trial] = {}
 
     def measure_once(candidate: ServingSettings) -> Trial | None:
@@ -257,7 +257,6 @@ def search(
         if again is not None and again.measured:
             baseline = measured[default] = Trial.combined([baseline, again])
         result.p99_limit_ms = baseline.p99_ms * (1 + settings.p99_slack_pct / 100)
-    rate = settings.load.request_rate
     current = default if _eligible(baseline, result.p99_limit_ms, rate) else None
     moved = True
     while moved and len(result.trials) < settings.budget:
