@@ -140,10 +140,6 @@ class CompiledStep:
     name: str
     folder: Path
 
-    @property
-    def signature(self) -> Signature:
-        return model_folder.read(self.folder).signature
-
     def runner(self) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
         import torch
 
