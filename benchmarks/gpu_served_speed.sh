@@ -11,7 +11,7 @@
 #   bash benchmarks/gpu_served_speed.sh bert4rec fp16 [--forms torchscript,eager] [--protocols http,grpc] [--instances 1x4 2x4]   # there: the users' BERT4Rec ensemble
 #   bash benchmarks/gpu_served_speed.sh gate --injections 0:10,25:5   # there: the gate on the GPU
 #   bash benchmarks/gpu_served_speed.sh hops --precision fp16 --concurrency 1 16 64 --rates 10000   # there: the ensemble's hops
-#   bash benchmarks/gpu_served_speed.sh floor --precision fp16   # there: one call of the model step, CUDA graph beside it
+#   bash benchmarks/gpu_served_speed.sh floor --precision fp16   # there: one call of the model step and its GPU busy time
 #
 # One device call carries at most 64 MiB, so the packs travel in two calls to the same warm machine:
 # `bash benchmarks/gpu_served_speed.sh unpack` with only .gpu/site312.tar.xz and .gpu/stub312.tar.xz
@@ -81,11 +81,17 @@ unpack() {
   nvidia-smi -L | tee "$OUT/machine.txt"
 }
 
+# Copies the results this call wrote (newer than unpack's machine.txt) to $OUT: the committed ones stay,
+# and a call brings back only so many files.
+fetch() {
+  find benchmarks/results -name "$1" -newer "$OUT/machine.txt" -exec cp {} "$OUT/" \;
+}
+
 run() {
   unpack || exit 0
   python3 benchmarks/served_speed.py --device cuda --concurrency 1 16 --repeats 3 2>&1 \
     | grep -v "DEBUG\|frombuffer\|UserWarning" | tee "$OUT/served_speed.log"
-  cp benchmarks/results/served_speed_cuda_*.json "$OUT/"
+  fetch "served_speed_cuda_*.json"
   python3 -m pytest -p no:cacheprovider -m gpu -k gpu_instance tests/test_export_compile.py 2>&1 \
     | tee "$OUT/pytest_gpu_served.log"
 }
@@ -118,7 +124,7 @@ bert4rec() {
   shift
   timeout -s INT -k 20 "${LIMIT_S:-0}" python3 benchmarks/gpu_bert4rec.py --precision "$precision" "$@" 2>&1 \
     | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace" | tee -a "$OUT/gpu_bert4rec_$precision.log" || true
-  cp benchmarks/results/gpu_bert4rec_cuda_"$precision"*_pytorch_backend.json "$OUT/" || true  # written after every config
+  fetch "gpu_bert4rec_cuda_${precision}*_pytorch_backend.json"  # written after every config
 }
 
 # The ensemble against the model with its steps folded in (benchmarks/ensemble_hops.py), the users' size;
@@ -127,16 +133,16 @@ hops() {
   unpack || exit 0
   python3 benchmarks/ensemble_hops.py --device cuda --size users "$@" 2>&1 \
     | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace" | tee -a "$OUT/ensemble_hops.log" || true
-  cp benchmarks/results/ensemble_hops_cuda_*.json "$OUT/" || true
+  fetch "ensemble_hops_cuda_*.json"
 }
 
-# One call of the model step: compiled, eager, fused attention, and a CUDA graph (benchmarks/model_floor.py);
+# One call of the model step: compiled, eager, with fused attention, and the GPU time of each (benchmarks/model_floor.py);
 # arguments go to it: `floor --precision fp16`.
 floor() {
   unpack || exit 0
   python3 benchmarks/model_floor.py --device cuda "$@" 2>&1 \
     | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace\|USDT" | tee -a "$OUT/model_floor.log" || true
-  cp benchmarks/results/model_floor_cuda_*.json "$OUT/" || true
+  fetch "model_floor_cuda_*.json"
 }
 
 # The gate's A/A and +25% trials on the GPU (benchmarks/gate_quality.py --gpu); arguments go to it.

@@ -1,14 +1,17 @@
 """Where one call of the model step goes: the users' BERT4Rec as the compile step makes it for the PyTorch
-backend, against the same weights eager, eager with PyTorch's fused attention (SDPA), that form through the
-compile step too, and the eager forward replayed as a CUDA graph: the GPU's own time without the host
-launching each kernel, which is what CUDA graphs or TensorRT could bring a served call down to.
+backend, against the same weights eager, eager with PyTorch's fused attention (SDPA), and that form
+through the compile step too; for each, the time the GPU spends running the call's kernels. That busy time
+is what a call could come down to if the host did not launch its kernels one by one (CUDA graphs or
+TensorRT: the PyTorch backend offers neither). A CUDA graph of this forward cannot be captured as it is:
+transformers' mask building copies a host scalar to the GPU, and capture refuses pageable copies.
 
     .venv/bin/python benchmarks/model_floor.py --size demo --precision fp32      # CPU smoke
     python3 benchmarks/model_floor.py --device cuda --precision fp16             # the GPU machine (gpu_served_speed.sh floor)
 
 Each form at each batch: the median of 100 calls after 20, inputs on the device, outputs back on the host
 as the served model hands them over; and how many operations one call puts on the device, from
-torch.profiler: GPU kernels and copies on CUDA, aten operators (nested ones included) on the CPU. Writes benchmarks/results/model_floor_<device>_<size>_<precision>.json.
+torch.profiler: GPU kernels and copies on CUDA, with their durations summed, aten operators (nested ones
+included) on the CPU. Writes benchmarks/results/model_floor_<device>_<size>_<precision>.json.
 """
 
 from __future__ import annotations
@@ -68,38 +71,18 @@ def eager(model: torch.nn.Module) -> Callable:
     return call
 
 
-def graphed(model: torch.nn.Module, args: list[torch.Tensor]) -> Callable:
-    """The eager forward captured once as a CUDA graph at these inputs' shapes and replayed."""
-    static = [a.clone() for a in args]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.inference_mode():
-        for _ in range(3):
-            model(*static)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.inference_mode():
-        outputs = model(*static)
-
-    def call(*new: torch.Tensor) -> list[torch.Tensor]:
-        for into, value in zip(static, new, strict=True):
-            into.copy_(value)
-        graph.replay()
-        return [out.cpu() for out in outputs]
-
-    return call
-
-
-def operations(fn: Callable, args: list[torch.Tensor], device: str) -> int:
-    """The GPU kernels and copies one call launches; on the CPU, the aten operators it runs."""
+def operations(fn: Callable, args: list[torch.Tensor], device: str) -> tuple[int, float | None]:
+    """What one call puts on the device: on CUDA, its kernels and copies and the milliseconds the GPU spent
+    running them (their durations summed, gaps left out); on the CPU, the aten operators it runs."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.startswith("cuda"):
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.inference_mode(), torch.profiler.profile(activities=activities) as prof:
         fn(*args)
     if device.startswith("cuda"):
-        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-    return sum(1 for e in prof.events() if e.name.startswith("aten::"))
+        on_gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        return len(on_gpu), sum(e.time_range.elapsed_us() for e in on_gpu) / 1000
+    return sum(1 for e in prof.events() if e.name.startswith("aten::")), None
 
 
 def main() -> None:
@@ -109,20 +92,21 @@ def main() -> None:
     parser.add_argument("--size", default="users", choices=tuple(SIZES))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     args = parser.parse_args()
-    size, cuda = SIZES[args.size], args.device.startswith("cuda")
+    size = SIZES[args.size]
     base = "users_v1" if args.size == "users" else "bert4rec_v1"
     report: dict = {"command": " ".join(sys.argv), "torch": torch.__version__, "rows": []}
-    report["device"] = torch.cuda.get_device_name() if cuda else "cpu"
+    report["device"] = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     dtype = torch.float16 if args.precision == "fp16" else torch.float32
     with tempfile.TemporaryDirectory() as tmp:
-        forms: dict[str, Callable] = {}
+        compiled_modules: dict[str, torch.nn.Module] = {}
         factories = {
             "compiled": f"pipelines.samples.bert4rec:{base}",
             "compiled, sdpa": f"benchmarks.model_floor:{args.size}_sdpa",
         }
         for label, factory in factories.items():
             (Path(tmp) / label).mkdir()
-            forms[label] = compiled(factory, size, args.device, args.precision, Path(tmp) / label)
+            compiled_modules[label] = compiled(factory, size, args.device, args.precision, Path(tmp) / label)
+        forms: dict[str, Callable] = {label: eager(module) for label, module in compiled_modules.items()}
         plain = getattr(bert4rec, base)().to(args.device, dtype)
         forms["eager"] = eager(plain)
         forms["eager, sdpa"] = eager(with_sdpa(getattr(bert4rec, base)()).to(args.device, dtype))
@@ -132,22 +116,16 @@ def main() -> None:
             items = rng.integers(1, size.items + 1, size=(batch, size.length - 1))
             ids = np.concatenate([items, np.full((batch, 1), size.items + 1)], axis=1)
             inputs = [torch.from_numpy(a).to(args.device) for a in (ids, np.full((batch, 1), size.length - 1))]
-            batch_forms = dict(forms)
-            if cuda:
-                try:
-                    batch_forms["eager, CUDA graph"] = graphed(plain, inputs)
-                except RuntimeError as exc:  # a forward that syncs with the host cannot be captured
-                    report["rows"].append({"form": "eager, CUDA graph", "batch": batch, "not_captured": str(exc)})
-            for form, fn in batch_forms.items():
+            for form, fn in forms.items():
                 ms = median_ms(fn, inputs, args.device, repeats=100, warmup=20)
-                row = {
-                    "form": form,
-                    "batch": batch,
-                    "ms": round(ms, 3),
-                    "operations": operations(fn, inputs, args.device),
-                }
+                count, gpu_ms = operations(fn, inputs, args.device)
+                row = {"form": form, "batch": batch, "ms": round(ms, 3), "operations": count}
+                busy = ""
+                if gpu_ms is not None:
+                    row["gpu_busy_ms"] = round(gpu_ms, 3)
+                    busy = f", the GPU busy {gpu_ms:.3f} ms ({gpu_ms / ms:.0%})"
                 report["rows"].append(row)
-                print(f"  {form:<18} batch {batch:>3}: {ms:7.3f} ms  {row['operations']:>4} operations", flush=True)
+                print(f"  {form:<15} batch {batch:>3}: {ms:7.3f} ms  {count:>4} operations{busy}", flush=True)
     out = HERE / "results" / f"model_floor_{args.device.split(':')[0]}_{args.size}_{args.precision}.json"
     out.write_text(json.dumps(report, indent=2))
     print(f"wrote {out}")

@@ -57,13 +57,15 @@ def tuning_rows(tuning: dict[str, Any] | None) -> list[tuple[str, ...]]:
     """One row per setting the tune step measured (TuneResult's JSON), the chosen one marked."""
     if not tuning:
         return []
-    chosen = tuning["chosen"]
+    chosen, warm_up = tuning["chosen"], tuning.get("warm_up")
     out = []
-    for trial in tuning["trials"]:
+    for trial in ([warm_up] if warm_up else []) + tuning["trials"]:
         settings = trial["settings"]
         note = "chosen" if settings == chosen else trial["problem"]
         if settings == tuning["default"]:
             note = f"default{', ' + note if note else ''}"
+        if trial is warm_up:
+            note = f"default, warm-up, not counted{', ' + trial['problem'] if trial['problem'] else ''}"
         out.append(
             (
                 _instances(settings),

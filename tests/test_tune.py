@@ -274,6 +274,9 @@ def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stac
         t.problem for t in result.trials
     ]
     assert all(t.throughput > 0 and t.p99_ms > 0 for t in result.trials)
+    # a run of the default warms the server up first and is kept apart from the trials it would skew
+    assert result.warm_up.settings == result.default and result.warm_up.measured
+    assert [t.settings for t in result.trials[:2]] == [result.default, result.default]
     cpu_space = dataclasses.replace(settings, optimized_executions=(True,))  # tune keeps a CPU model's executor
     assert result.grid_size == len(grid(result.default, cpu_space))
     # the candidate is left loaded with the chosen settings, as Triton reports them
@@ -333,7 +336,8 @@ def test_the_gate_report_and_history_carry_the_tuning_table(tmp_path, stack):
     )
     report = (tmp_path / "g" / "report.md").read_text()
     assert f"{tuned.settings_measured} of {tuned.grid_size} measured" in report
-    assert report.count("| 1 | ") >= len(tuned.trials) and "chosen" in report
+    assert report.count("| 1 | ") >= len(tuned.trials) + 1 and "chosen" in report
+    assert report.count("warm-up, not counted") == 1
     assert "Serving settings measured" in (tmp_path / "g" / "report.html").read_text()
     chosen = json.loads(json.dumps(dataclasses.asdict(tuned.chosen)))  # as JSON has it
     assert json.loads((tmp_path / "g" / "verdict.json").read_text())["tuning"]["chosen"] == chosen
