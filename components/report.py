@@ -62,10 +62,10 @@ def tuning_rows(tuning: dict[str, Any] | None) -> list[tuple[str, ...]]:
     for trial in ([warm_up] if warm_up else []) + tuning["trials"]:
         settings = trial["settings"]
         note = "chosen" if settings == chosen else trial["problem"]
+        if trial is warm_up:
+            note = f"warm-up, not counted{', ' + trial['problem'] if trial['problem'] else ''}"
         if settings == tuning["default"]:
             note = f"default{', ' + note if note else ''}"
-        if trial is warm_up:
-            note = f"default, warm-up, not counted{', ' + trial['problem'] if trial['problem'] else ''}"
         out.append(
             (
                 _instances(settings),

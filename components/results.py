@@ -147,7 +147,7 @@ class TuneResult(Result):
     confirmation: str = ""  # whether the search's winner won again when measured beside the default
     request_shapes: dict[str, list[int]] = field(default_factory=dict)  # each input of one measured request
     request_rate: float | None = None  # tuned at this fixed rate (lowest p99 wins), else at a concurrency
-    warm_up: Trial | None = None  # the default's run before the search, not counted (tune.py, warm_up)
+    warm_up: Trial | None = None  # the default's run before the search, not counted (tune.tune says why)
 
     def trial(self, settings: ServingSettings) -> Trial | None:
         """The setting's measurement; for one measured twice (the default), the two combined."""
