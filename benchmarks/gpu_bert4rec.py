@@ -30,8 +30,9 @@ and with the TorchScript profiling executor on or off; `--no-users` leaves the u
 the users measured), then on 4 cores of its own with the server on the rest (as a client on another host);
 each point records the cores perf_analyzer, tritonserver and the Python steps' stubs kept busy.
 `--steps torchscript` releases the ensemble with its pre/post steps compiled to TorchScript (the PyTorch
-backend serves them; no Python process between the steps). `--release folded` releases the same recommender with its pre/post lookups folded into the model
-(`bert4rec.WithCatalogue`: catalogue ids in and out, one TorchScript, no Python step) through the same steps.
+backend serves them; no Python process between the steps). `--release folded` releases the same
+recommender with its pre/post lookups folded into the model (`bert4rec.WithCatalogue`: catalogue ids in
+and out, one TorchScript, no Python step) through the same steps.
 Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_folded|_compiled_steps][_<forms>][_<protocols>][_client<N_…>][_instances]_pytorch_backend.json
 (the files without `_pytorch_backend` were measured with the model step in the Python backend).
 """

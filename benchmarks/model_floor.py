@@ -30,38 +30,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.compiled_speed import median_ms
 from components import model_folder
-from components.compile import compile_model
-from components.export import export
 from pipelines.samples import bert4rec
 
 HERE = Path(__file__).parent
 SIZES = {"users": bert4rec.USERS, "demo": bert4rec.DEMO}
 
 
-def with_sdpa(model: bert4rec.BERT4Rec) -> bert4rec.BERT4Rec:
-    """The same weights with PyTorch's fused attention (transformers' "sdpa") instead of "eager"."""
-    if hasattr(model.bert, "set_attn_implementation"):
-        model.bert.set_attn_implementation("sdpa")
-    else:  # transformers before 4.56
-        model.bert.config._attn_implementation = "sdpa"
-    return model
-
-
-def users_sdpa() -> bert4rec.BERT4Rec:
-    return with_sdpa(bert4rec.users_v1())
-
-
-def demo_sdpa() -> bert4rec.BERT4Rec:
-    return with_sdpa(bert4rec.bert4rec_v1())
-
-
-def compiled(factory: str, size: bert4rec.Size, device: str, precision: str, work: Path) -> Callable:
-    """The factory's model through the export and compile steps: the model.pt the PyTorch backend loads."""
-    (work / "signature.json").write_text(json.dumps(size.signatures()["model"]))
-    export(factory, work / "signature.json", work / "export")
+def compiled(factory: str, size: bert4rec.Size, device: str, precision: str, work: Path) -> torch.nn.Module:
+    """The sample's `factory` through the export and compile steps: the model.pt the PyTorch backend loads."""
     tolerance = bert4rec.USERS_FP16_TOLERANCE if size == bert4rec.USERS and precision == "fp16" else None
-    compile_model(work / "export", work / "model", "model", precision=precision, device=device, tolerance=tolerance)
-    return torch.jit.load(str(model_folder.read(work / "model").version_dir / model_folder.MODEL_FILE), device)
+    folder = bert4rec.compiled_folder(factory, size.signatures()["model"], work / "model", device, precision, tolerance)
+    return torch.jit.load(str(model_folder.read(folder).version_dir / model_folder.MODEL_FILE), device)
 
 
 def eager(model: torch.nn.Module) -> Callable:
@@ -93,23 +72,19 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     args = parser.parse_args()
     size = SIZES[args.size]
-    base = "users_v1" if args.size == "users" else "bert4rec_v1"
+    base, sdpa = ("users_v1", "users_sdpa_v1") if args.size == "users" else ("bert4rec_v1", "bert4rec_sdpa_v1")
     report: dict = {"command": " ".join(sys.argv), "torch": torch.__version__, "rows": []}
     report["device"] = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     dtype = torch.float16 if args.precision == "fp16" else torch.float32
     with tempfile.TemporaryDirectory() as tmp:
         compiled_modules: dict[str, torch.nn.Module] = {}
-        factories = {
-            "compiled": f"pipelines.samples.bert4rec:{base}",
-            "compiled, sdpa": f"benchmarks.model_floor:{args.size}_sdpa",
-        }
-        for label, factory in factories.items():
+        for label, factory in {"compiled": base, "compiled, sdpa": sdpa}.items():
             (Path(tmp) / label).mkdir()
             compiled_modules[label] = compiled(factory, size, args.device, args.precision, Path(tmp) / label)
         forms: dict[str, Callable] = {label: eager(module) for label, module in compiled_modules.items()}
         plain = getattr(bert4rec, base)().to(args.device, dtype)
         forms["eager"] = eager(plain)
-        forms["eager, sdpa"] = eager(with_sdpa(getattr(bert4rec, base)()).to(args.device, dtype))
+        forms["eager, sdpa"] = eager(getattr(bert4rec, sdpa)().to(args.device, dtype))
         rng = np.random.default_rng(5)
         for batch in args.batches:
             # what the pre step hands the model: item indices, the mask token last, and its position

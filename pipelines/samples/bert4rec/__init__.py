@@ -201,6 +201,24 @@ def users_v2() -> nn.Module:
     return BERT4Rec(USERS, seed=1).eval()
 
 
+def with_sdpa(model: BERT4Rec) -> BERT4Rec:
+    """The same weights with PyTorch's fused attention, transformers' default for BERT ("sdpa"), in place of
+    the "eager" attention this sample sets (benchmarks/model_floor.py measures both)."""
+    if hasattr(model.bert, "set_attn_implementation"):
+        model.bert.set_attn_implementation("sdpa")
+    else:  # transformers before 4.56
+        model.bert.config._attn_implementation = "sdpa"
+    return model
+
+
+def bert4rec_sdpa_v1() -> nn.Module:
+    return with_sdpa(BERT4Rec(seed=0)).eval()
+
+
+def users_sdpa_v1() -> nn.Module:
+    return with_sdpa(BERT4Rec(USERS, seed=0)).eval()
+
+
 def folded_v1() -> nn.Module:
     """bert4rec_v1 with its pre and post steps inside: the ensemble's answers from one model."""
     return WithCatalogue(bert4rec_v1()).eval()
