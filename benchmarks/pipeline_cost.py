@@ -26,7 +26,6 @@ from components.export import export
 from components.gate import gate
 from components.promote import promote
 from components.publish import publish
-from components.replicas import Replica
 from components.settings import GateSettings, Thresholds
 from components.stage import stage
 from pipelines.demo import demo_parameters
@@ -61,7 +60,7 @@ def release(stack: EmbeddedStack, tmp: Path, model: str, source: str) -> dict[st
         lambda: gate(repo, model, version, stack.gate.http_url, SETTINGS, staged, s3=stack.s3),
         lambda r: r.measurement_seconds + r.stable_load_seconds,
     )
-    replicas = [Replica(s.name, s.http_url) for s in stack.replicas]
+    replicas = [s.replica for s in stack.replicas]
     timed(
         "promote",
         lambda: promote(repo, model, version, replicas, verdict.verdict, stack.gate.http_url, s3=stack.s3),

@@ -156,11 +156,14 @@ class Limits:
     max_throughput_drop: float | None = None
 
 
-def trimmed_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
-    """The 20% trimmed mean of `values` and Yuen's t-interval around it."""
+def trimmed_interval(
+    values: np.ndarray, confidence: float = CONFIDENCE, trim: float = TRIM
+) -> tuple[float, float, float]:
+    """The trimmed mean of `values` (20% at each end by default) and Yuen's t-interval around it; with `trim`
+    0, the mean and Student's t-interval."""
     x = np.sort(np.asarray(values, dtype=np.float64))
     n = x.size
-    g = int(TRIM * n)
+    g = int(trim * n)
     kept = n - 2 * g
     mean = float(x[g : n - g].mean())
     if kept < 2:

@@ -10,6 +10,10 @@ Promote (only on a `pass` verdict):
 4. if any replica fails: write the previous desired state back, reload every replica to it, fail;
 5. unload the candidate from the gate server.
 
+With a canary (components/canary.py) the first replicas are switched before step 2 and measured against
+the others on live traffic; the desired state changes only once the canary passes, so a pod restarting
+during the bake comes up on the stable version. A canary that fails reverts the switched replicas.
+
 An ensemble release (components/ensemble.py) does the same for its members and the ensemble together:
 members' version N is loaded beside the old one, the ensemble is reloaded pinned to N in one step,
 then the old members are unloaded; the members' desired configs keep both versions until every
@@ -28,11 +32,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from components import ensemble, log, model_config
+from components.canary import CanaryFailed, Watch, bake, canary_count, decide
+from components.canary_settings import CanarySettings
 from components.errors import TritonshipError
 from components.parity import parity_table
 from components.replicas import Replica
 from components.repository import ModelRepository, candidate_name, lease_owner
-from components.results import PromoteResult, ReplicaOutcome
+from components.results import CanaryResult, PromoteResult, ReplicaOutcome
 from components.s3repo import S3Error, S3Settings
 from components.settings import DEFAULT_LOAD_TIMEOUT_S
 from components.stage import CandidateVersion, read_candidate, served_accuracy
@@ -50,6 +56,10 @@ class PromotionError(TritonshipError):
     def __init__(self, message: str, result: PromoteResult | None = None) -> None:
         super().__init__(message)
         self.result = result
+
+
+class CanaryRejected(PromotionError):
+    """The canary failed on live traffic (or stayed undecided) and every replica is back on the stable version."""
 
 
 class PartialRevert(PromotionError):
@@ -114,7 +124,9 @@ def promote(
     run_id: str = "",
     progress: Progress | None = None,
     load_timeout: float = DEFAULT_LOAD_TIMEOUT_S,
+    canary: CanarySettings | None = None,
 ) -> PromoteResult:
+    """Promote a gated version; `canary` (off when None) measures the first replicas switched on live traffic."""
     if verdict != "pass":
         raise PromotionError(f"the gate verdict is '{verdict}', not 'pass': nothing is promoted.")
     if not replicas:
@@ -123,7 +135,7 @@ def promote(
     owner = lease_owner(run_id, model, version)
     repo.acquire_lease(model, owner)  # renews our lease; refuses if another release holds the model
     try:
-        return _promote(repo, model, version, replicas, gate_url, settings, run_id, progress, load_timeout)
+        return _promote(repo, model, version, replicas, gate_url, settings, run_id, progress, load_timeout, canary)
     finally:
         try:
             repo.release_lease(model, owner)
@@ -141,6 +153,7 @@ def _promote(
     run_id: str,
     progress: Progress | None,
     load_timeout: float,
+    canary: CanarySettings | None,
 ) -> PromoteResult:
     candidate = read_candidate(repo, model, version)
     previous, etag = repo.desired_config(model)
@@ -159,25 +172,37 @@ def _promote(
         config = model_config.with_settings(config, settings)
     old_members = ensemble.pinned_member_version(previous) if previous and candidate.members else None
     release = Release(candidate, config, configs, old_members)
-    # Desired state for pods that restart meanwhile: members keep the old version beside the new one
-    # until every replica runs the new ensemble, so any ensemble config finds its members.
-    member_state = {name: repo.desired_config(name) for name in configs}
-    member_etags = {
-        m.name: repo.write_desired_config(m.name, m, member_state[m.name][1]) for m in release.members_beside_old()
-    }
-    new_etag = repo.write_desired_config(model, config, etag)
     result = PromoteResult(model, version, previous_version, [r.url for r in replicas], promoted=False)
+    first, skipped = canary_count(canary, replicas, previous_version)
+    if skipped:
+        result.canary = CanaryResult(model, version, previous_version, "skipped", [skipped])
+        log.event(LOG, "canary skipped", model=model, reason=skipped, level=30)
+    member_state: dict[str, tuple[model_config.ModelConfig | None, str | None]] = {}
+    member_etags: dict[str, str] = {}
+    new_etag: str | None = None  # set once the desired state names the new version
     try:
-        for replica, admin in zip(replicas, admins, strict=True):
-            if progress:
-                progress("switching", replica)
-            # Triton holds a model's requests while a load of it polls an unreachable S3 (about 25 s),
-            # so S3 is checked just before each load: an outage then stops the promotion, not the clients.
-            repo.manifest(model, version, staged=False)
-            result.load_seconds.append(_switch(admin, release))
-            log.event(LOG, "replica switched", replica=replica.name, version=version)
-            if progress:
-                progress("switched", replica)
+        for replica, admin in zip(replicas[:first], admins[:first], strict=True):
+            result.load_seconds.append(_switch_one(repo, replica, admin, release, progress))
+        if first:
+            assert canary is not None and previous_version is not None
+            watch = Watch(model, version, previous_version, dict.fromkeys(configs, (version, old_members)))
+            result.canary = bake(
+                watch,
+                replicas[:first],
+                replicas[first:],
+                canary,
+                lambda what: progress(what, replicas[0]) if progress else None,
+            )
+            decide(result.canary, canary)
+        # Desired state for pods that restart meanwhile: members keep the old version beside the new one
+        # until every replica runs the new ensemble, so any ensemble config finds its members.
+        member_state = {name: repo.desired_config(name) for name in configs}
+        member_etags = {
+            m.name: repo.write_desired_config(m.name, m, member_state[m.name][1]) for m in release.members_beside_old()
+        }
+        new_etag = repo.write_desired_config(model, config, etag)
+        for replica, admin in zip(replicas[first:], admins[first:], strict=True):
+            result.load_seconds.append(_switch_one(repo, replica, admin, release, progress))
     except TritonshipError as exc:
         result.problems.append(str(exc))
         _revert(repo, release, admins, previous, new_etag, member_state, member_etags, result)
@@ -191,10 +216,13 @@ def _promote(
                 complete=result.reverted,
                 replicas=[asdict(state) for state in result.after_revert],
                 problems=result.problems,
+                canary=result.canary.to_dict() if result.canary else None,
             )
         except S3Error as record_error:
             result.problems.append(f"the history event could not be written ({record_error})")
         stable = f"v{previous_version}" if previous_version else "no version"
+        if result.reverted and isinstance(exc, CanaryFailed):
+            raise CanaryRejected(f"{exc} Every replica was reverted to {stable}.", result) from None
         if result.reverted:
             raise PromotionError(
                 f"promotion of {model} v{version} failed and every replica was reverted to {stable}: "
@@ -223,6 +251,7 @@ def _promote(
             previous_version=previous_version,
             replicas=result.replicas,
             members=dict.fromkeys(configs, version),
+            canary=result.canary.to_dict() if result.canary else None,
         )
     except S3Error as exc:
         raise PromotionError(
@@ -235,12 +264,27 @@ def _promote(
     return result
 
 
+def _switch_one(
+    repo: ModelRepository, replica: Replica, admin: TritonAdmin, release: Release, progress: Progress | None
+) -> float:
+    if progress:
+        progress("switching", replica)
+    # Triton holds a model's requests while a load of it polls an unreachable S3 (about 25 s),
+    # so S3 is checked just before each load: an outage then stops the promotion, not the clients.
+    repo.manifest(release.candidate.model, release.candidate.version, staged=False)
+    seconds = _switch(admin, release)
+    log.event(LOG, "replica switched", replica=replica.name, version=release.candidate.version)
+    if progress:
+        progress("switched", replica)
+    return seconds
+
+
 def _revert(
     repo: ModelRepository,
     release: Release,
     admins: list[TritonAdmin],
     previous: model_config.ModelConfig | None,
-    new_etag: str,
+    new_etag: str | None,
     member_state: dict[str, tuple[model_config.ModelConfig | None, str | None]],
     member_etags: dict[str, str],
     result: PromoteResult,
@@ -253,9 +297,10 @@ def _revert(
     model = candidate.model
     stable_versions = previous.version_policy.specific.versions if previous else []
     try:
-        _write_or_delete(repo, model, previous, new_etag)
-        for name, (member_previous, _etag) in member_state.items():
-            _write_or_delete(repo, name, member_previous, member_etags[name])
+        if new_etag is not None:  # a canary that failed left the desired state as it was
+            _write_or_delete(repo, model, previous, new_etag)
+            for name, (member_previous, _etag) in member_state.items():
+                _write_or_delete(repo, name, member_previous, member_etags[name])
     except S3Error as exc:
         result.after_revert = [_state(admin, model, candidate.version, stable_versions) for admin in admins]
         result.problems.append(

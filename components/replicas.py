@@ -1,11 +1,12 @@
 """Which Triton servers to talk to: a list of URLs, or Kubernetes pods found through the kubernetes client.
 
     --replicas 10.0.0.5:8000,10.0.0.6:8000
+    --replicas 127.0.0.1:41000:41002,127.0.0.1:42000:42002               (host:http-port:metrics-port)
     --replicas k8s://triton/app.kubernetes.io/component=production     (namespace/label-selector)
 
 Only pods that are Running, Ready and not being deleted count; the HTTP port is the container port
 named `http` (else 8000), the metrics port the one named `metrics` (else 8002). Given as host:port, a
-server's metrics endpoint is unknown unless given apart.
+server's metrics endpoint is on the same host at Triton's default port, 8002, unless a third part names it.
 """
 
 from __future__ import annotations
@@ -35,8 +36,15 @@ class Replica:
 
 
 def parse_urls(spec: str) -> list[Replica]:
-    urls = [u.strip().removeprefix("http://").rstrip("/") for u in spec.split(",") if u.strip()]
-    return [Replica(url, url) for url in urls]
+    replicas = []
+    for entry in (u.strip().removeprefix("http://").rstrip("/") for u in spec.split(",")):
+        if not entry:
+            continue
+        host, _, ports = entry.partition(":")
+        http, _, metrics = ports.partition(":")
+        url = f"{host}:{http}" if http else host
+        replicas.append(Replica(url, url, f"{host}:{metrics or DEFAULT_METRICS_PORT}"))
+    return replicas
 
 
 def resolve(spec: str, api: Any = None) -> list[Replica]:

@@ -275,6 +275,29 @@ class ReplicaOutcome:
         return f"{self.url} serves " + ("+".join(f"v{v}" for v in self.serving) or "nothing")
 
 
+CanaryDecision = Literal["pass", "fail", "inconclusive", "skipped"]
+
+
+@dataclass
+class CanaryResult(Result):
+    """The canary's decision and its evidence: each limit's effect and every round's figures per side."""
+
+    model: str
+    version: int
+    stable_version: int | None
+    decision: CanaryDecision
+    reasons: list[str]
+    canary_replicas: list[str] = field(default_factory=list)
+    baseline_replicas: list[str] = field(default_factory=list)
+    effects: list[dict[str, Any]] = field(default_factory=list)
+    rounds: list[dict[str, Any]] = field(default_factory=list)  # canary_live.CanaryRound's
+    counted_rounds: int = 0
+    seconds: float = 0.0
+    stopped: str = ""
+    outcome: str = ""  # what promote did with the decision: promoted, or reverted
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass
 class PromoteResult(Result):
     model: str
@@ -286,3 +309,4 @@ class PromoteResult(Result):
     problems: list[str] = field(default_factory=list)
     load_seconds: list[float] = field(default_factory=list)  # per replica, Triton's own load time
     after_revert: list[ReplicaOutcome] = field(default_factory=list)  # what each replica serves after a revert
+    canary: CanaryResult | None = None  # the live-traffic phase, when promote ran one

@@ -27,6 +27,7 @@ import requests
 
 from components import admin_key, log
 from components.errors import TritonshipError
+from components.replicas import Replica
 from components.repository.store import PRODUCTION as PRODUCTION_PREFIX
 from components.repository.store import STAGING as STAGING_PREFIX
 from components.s3repo import S3Settings
@@ -72,6 +73,15 @@ class TritonServer:
     @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    @property
+    def replica_spec(self) -> str:
+        """host:http-port:metrics-port, as `--replicas` takes it (components/replicas.py)."""
+        return f"{self.http_url}:{self.metrics_port}"
+
+    @property
+    def replica(self) -> Replica:
+        return Replica(self.name, self.http_url, f"127.0.0.1:{self.metrics_port}")
 
     def ready(self) -> bool:
         try:
@@ -266,6 +276,8 @@ class EmbeddedStack:
                 "--grpc-address=127.0.0.1",
                 f"--allow-gpu-metrics={'true' if gpu_visible() else 'false'}",  # nv_gpu_* for the reports
                 "--allow-cpu-metrics=true",
+                # latency quantiles per model and version, which promote's canary compares (components/canary.py)
+                "--metrics-config=summary_latencies=true",
                 "--exit-timeout-secs=5",
                 "--log-verbose=0",
                 *admin_key.triton_args(self.admin_key, self.locked_apis),

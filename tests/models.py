@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import torch
@@ -255,3 +256,64 @@ MODELS = {
 def write_signature(path: Path, signature: dict) -> Path:
     path.write_text(yaml.safe_dump(signature, sort_keys=False))
     return path
+
+
+# A sequence model whose lengths vary (8 at the opt, where the gate measures), for the canary's live mix.
+SEQUENCE_SIGNATURE = {
+    "batch": True,
+    "max_batch_size": 8,
+    "dims": {"length": {"min": 4, "opt": 8, "max": 128}},
+    "inputs": [{"name": "tokens", "dtype": "int64", "shape": [-1, "length"], "range": [1, 50]}],
+    "outputs": [{"name": "scores", "dtype": "fp32", "shape": [-1, 4]}],
+}
+
+
+class Sequence(nn.Module):
+    """Token ids -> 4 scores; `cubic_work` (c) adds a matrix product whose cost grows with (c x length) cubed
+    and adds exactly zero: the same answers, unnoticeable at the opt (8), several times the model's cost at 96."""
+
+    def __init__(self, seed: int = 0, cubic_work: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(50, 16)
+        self.head = nn.Linear(16, 4)
+        self.cubic_work = cubic_work
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        embedded = self.embed(tokens)
+        scores = self.head(embedded.mean(1))
+        if self.cubic_work:  # a few operations whatever the length, one (cL x cL) matrix product
+            a = (embedded @ embedded.transpose(1, 2)).repeat(1, self.cubic_work, self.cubic_work)
+            scores = scores + (a @ a).sum((1, 2)).unsqueeze(-1) * 0.0
+        return scores
+
+
+class FailsWhenLong(nn.Module):
+    """Answers like Sequence(seed) up to 64 tokens, and fails every longer request."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        self.model = Sequence(seed)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.size(1) > 64:
+            raise RuntimeError("sequences longer than 64 tokens are not supported")
+        return self.model(tokens)
+
+
+def sequence_folder(
+    tmp_path: Path, name: str, seed: int = 0, cubic_work: int = 0, fails_when_long: bool = False
+) -> Path:
+    """A Triton model folder (Triton's PyTorch backend) of Sequence, golden samples at the opt length."""
+    signature = Signature.from_dict(SEQUENCE_SIGNATURE)
+    golden_in = signature.example_inputs(4)
+    reference = Sequence(seed).eval()
+    with torch.inference_mode():
+        golden_out = {"scores": reference(torch.from_numpy(golden_in["tokens"])).numpy()}
+    if fails_when_long:
+        module = torch.jit.script(FailsWhenLong(seed).eval())
+    else:
+        module = torch.jit.trace(Sequence(seed, cubic_work).eval(), torch.from_numpy(golden_in["tokens"]))
+    path = tmp_path / f"{name}-{uuid.uuid4().hex[:6]}.pt"  # the same model may be published twice
+    module.save(str(path))
+    return model_folder.write(tmp_path / path.stem, name, signature, path, golden_in, golden_out, {"test": True})

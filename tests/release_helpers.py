@@ -64,7 +64,7 @@ def unique(prefix: str = "r") -> str:
 
 
 def replicas(stack: EmbeddedStack) -> list[Replica]:
-    return [Replica(s.name, s.http_url) for s in stack.replicas]
+    return [s.replica for s in stack.replicas]
 
 
 def repository(stack: EmbeddedStack) -> str:

@@ -102,9 +102,10 @@ def test_no_ready_pods_or_no_permission_are_clear_errors(kubeconfig):
 
 
 def test_url_lists():
-    assert resolve("http://127.0.0.1:8000/, 127.0.0.1:8001") == [
-        Replica("127.0.0.1:8000", "127.0.0.1:8000"),
-        Replica("127.0.0.1:8001", "127.0.0.1:8001"),
+    assert resolve("http://127.0.0.1:8000/, 127.0.0.1:8001, 10.0.0.5:9000:9002") == [
+        Replica("127.0.0.1:8000", "127.0.0.1:8000", "127.0.0.1:8002"),  # metrics at Triton's default port
+        Replica("127.0.0.1:8001", "127.0.0.1:8001", "127.0.0.1:8002"),
+        Replica("10.0.0.5:9000", "10.0.0.5:9000", "10.0.0.5:9002"),  # a third part names the metrics port
     ]
     with pytest.raises(ReplicaError, match="no replicas were given"):
         resolve(" , ")

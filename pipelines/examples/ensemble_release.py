@@ -20,7 +20,6 @@ from rich.table import Table
 from components.gate import gate
 from components.promote import promote, reject
 from components.publish import publish
-from components.replicas import Replica
 from components.repository import ModelRepository
 from components.settings import GateSettings, Thresholds
 from components.stage import stage
@@ -36,7 +35,7 @@ def main() -> None:
     console = Console()
     with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=2, gate=True) as stack:
         repository = f"s3://{stack.bucket}"
-        replicas = [Replica(s.name, s.http_url) for s in stack.replicas]
+        replicas = [s.replica for s in stack.replicas]
         releases = [
             ("v1", "recommender_v1", False, FIRST),
             ("v2", "recommender_v2", False, NEXT),

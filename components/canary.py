@@ -1,0 +1,280 @@
+"""Promote's canary: the first replicas switched are measured against the others on live traffic.
+
+Promote switches replicas one at a time, so the first `replicas` switched get their share of the clients'
+requests (k of N pods behind a Service) while the rest still serve the stable version to the same clients in
+the same seconds: a baseline with no traffic split, mesh or ingress (docs/design.md section 3).
+
+A **round** is `round_s` seconds between two readings of every replica's metrics endpoint
+(components/live_metrics.py). Per side (canary, stable) it gives the live requests served, the failed ones,
+the mean latency (Triton's summed request duration over the successes) and, where the servers keep
+summaries, a p99. A round counts when each side served at least `min_requests`.
+
+The effects, over the counted rounds, with the gate's statistics (components/gate_stats.py):
+- mean latency, canary over stable, per round: the 20% trimmed mean of the log ratios and Yuen's interval;
+- p99 likewise, but only when rounds last Triton's summary window (60 s) or more: a shorter round's p99
+  reading covers the rounds before it too, and overlapping rounds would make the interval too narrow;
+- failed requests, the canary's share minus the stable's, per round: the plain mean and Student's interval,
+  nothing trimmed (a round of failures is never set aside as an outlier);
+- absolute limits on the canary's own mean latency and p99, like the gate's.
+After every round from `min_rounds` counted ones: fail as soon as one effect lies beyond its limit, pass
+when all lie within, else another round until `max_bake_s`; then inconclusive, which the settings turn into
+a revert (the default) or a promotion.
+
+A canary replica whose metrics do not answer, that no longer serves the candidate, or whose counters went
+back (it restarted) fails the canary at once with that reason; a stable replica's reset only loses the round.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from components import gate_stats, log
+from components.canary_settings import CanarySettings
+from components.errors import TritonshipError
+from components.live_metrics import Counts, MetricsUnavailable, Scrape, scrape
+from components.replicas import Replica
+from components.results import CanaryResult
+
+LOG = log.get("canary")
+Progress = Callable[[str], None]
+NO_LATENCY_MS = 1e6
+
+
+class CanaryFault(TritonshipError):
+    """The canary cannot be measured: a replica or its metrics endpoint failed."""
+
+
+class CanaryFailed(TritonshipError):
+    """The canary's decision does not let the promotion go on."""
+
+
+@dataclass
+class Side:
+    """One side's live requests in one round (pooled over its replicas)."""
+
+    requests: int
+    failures: int
+    mean_ms: float | None  # over the successes
+    p99_ms: float | None  # Triton's summary over the last minute, request-weighted over the replicas
+
+    @property
+    def failure_share(self) -> float:
+        return self.failures / self.requests if self.requests else 0.0
+
+    @classmethod
+    def pooled(cls, deltas: list[Counts]) -> Side:
+        success = sum(d.success for d in deltas)
+        weighted = [(d.p99_us, d.success) for d in deltas if d.p99_us is not None and d.success > 0]
+        p99 = sum(p * w for p, w in weighted) / sum(w for _, w in weighted) / 1000 if weighted else None
+        return cls(
+            int(sum(d.requests for d in deltas)),
+            int(sum(d.failure for d in deltas)),
+            sum(d.duration_us for d in deltas) / success / 1000 if success else None,
+            p99 if weighted and len(weighted) == len(deltas) else None,
+        )
+
+
+@dataclass
+class Watch:
+    """Which model versions each side serves: the entry model and, for an ensemble, its members."""
+
+    model: str
+    candidate: int
+    stable: int
+    members: dict[str, tuple[int, int | None]]  # member -> (its version on the canary, on the stable replicas)
+
+    def versions(self, canary: bool) -> list[tuple[str, int | None]]:
+        own = [(self.model, self.candidate if canary else self.stable)]
+        return own + [(name, new if canary else old) for name, (new, old) in self.members.items()]
+
+
+def bake(
+    watch: Watch,
+    canary: list[Replica],
+    baseline: list[Replica],
+    settings: CanarySettings,
+    progress: Progress | None = None,
+) -> CanaryResult:
+    """Measure the switched `canary` replicas against the `baseline` ones until the canary decides."""
+    result = CanaryResult(
+        watch.model,
+        watch.candidate,
+        watch.stable,
+        "inconclusive",
+        [],
+        canary_replicas=[r.name for r in canary],
+        baseline_replicas=[r.name for r in baseline],
+        settings=asdict(settings),
+    )
+    started = time.monotonic()
+    counted: list[tuple[Side, Side]] = []
+    try:
+        before = _read(canary + baseline)
+        _check_canary(watch, canary, before, before)
+        while True:
+            time.sleep(settings.round_s)
+            after = _read(canary + baseline)
+            _check_canary(watch, canary, before, after)
+            figures = _round(watch, canary, baseline, before, after, settings)
+            result.rounds.append(figures)
+            before = after
+            if figures["counted"]:
+                counted.append((Side(**figures["canary"]), Side(**figures["baseline"])))
+            elapsed = time.monotonic() - started
+            if progress:
+                progress(f"canary round {len(result.rounds)}: {len(counted)} counted, {elapsed:.0f} s")
+            if len(counted) >= settings.min_rounds:
+                found = effects(counted, settings)
+                result.effects = [e.to_dict() for e in found]
+                decided = gate_stats.judge(found)
+                if decided != "undecided":
+                    result.decision = decided
+                    result.reasons = [e.describe() for e in found]
+                    result.stopped = f"decided after {len(counted)} counted rounds"
+                    break
+            if elapsed + settings.round_s > settings.max_bake_s:
+                result.reasons = _undecided(result, len(counted), settings)
+                result.stopped = f"the longest bake ({settings.max_bake_s:g} s) was spent"
+                break
+    except (CanaryFault, MetricsUnavailable) as exc:
+        result.decision, result.reasons, result.stopped = "fail", [str(exc)], "the canary could not be measured"
+    result.counted_rounds = len(counted)
+    result.seconds = time.monotonic() - started
+    log.event(LOG, "canary decided", model=watch.model, version=watch.candidate, decision=result.decision)
+    return result
+
+
+def canary_count(
+    canary: CanarySettings | None, replicas: list[Replica], previous_version: int | None
+) -> tuple[int, str]:
+    """How many replicas the canary switches first (0: none), and why a canary that was asked for cannot run."""
+    if canary is None or not canary.enabled:
+        return 0, ""
+    if previous_version is None:
+        return 0, "a first release: no stable version serves live traffic to compare the canary with"
+    if len(replicas) <= canary.replicas:
+        return 0, (
+            f"{len(replicas)} replica(s) and {canary.replicas} canary replica(s): none would stay on the stable "
+            "version to compare with"
+        )
+    return canary.replicas, ""
+
+
+def decide(found: CanaryResult, settings: CanarySettings) -> None:
+    """Go on after a pass (or an inconclusive canary when the settings say promote); else raise to revert."""
+    goes_on = found.decision == "pass" or (found.decision == "inconclusive" and settings.on_inconclusive == "promote")
+    found.outcome = "promoted" if goes_on else "reverted"
+    if not goes_on:
+        what = "failed on live traffic" if found.decision == "fail" else "was inconclusive"
+        raise CanaryFailed(f"the canary of {found.model} v{found.version} {what}: {'; '.join(found.reasons)}.")
+
+
+def _read(replicas: list[Replica]) -> dict[str, Scrape]:
+    readings = {}
+    for replica in replicas:
+        if not replica.metrics_url:
+            raise CanaryFault(
+                f"no metrics endpoint is known for {replica.name}; give it as host:http-port:metrics-port"
+            )
+        try:
+            readings[replica.name] = scrape(replica.metrics_url)
+        except MetricsUnavailable as exc:
+            raise CanaryFault(f"{replica.name}: {exc}") from None
+    return readings
+
+
+def _check_canary(watch: Watch, canary: list[Replica], before: dict[str, Scrape], after: dict[str, Scrape]) -> None:
+    for replica in canary:
+        for name, version in watch.versions(canary=True):
+            then, now = before[replica.name].counts(name, version), after[replica.name].counts(name, version)
+            if then is None or now is None:
+                raise CanaryFault(
+                    f"the canary {replica.name} no longer serves {name} v{version} (restarted or unloaded)"
+                )
+            if now.since(then) is None:
+                raise CanaryFault(
+                    f"the canary {replica.name} restarted during the bake: its counters for {name} started again"
+                )
+
+
+def _round(
+    watch: Watch,
+    canary: list[Replica],
+    baseline: list[Replica],
+    before: dict[str, Scrape],
+    after: dict[str, Scrape],
+    settings: CanarySettings,
+) -> dict:
+    """One round's figures per side (and per ensemble member); `counted` says whether it takes part."""
+    sides, notes = {}, []
+    members: dict[str, dict[str, float | None]] = {}
+    for label, replicas, is_canary in (("canary", canary, True), ("baseline", baseline, False)):
+        for name, version in watch.versions(is_canary):
+            deltas = []
+            for replica in replicas:
+                then = before[replica.name].counts(name, version) if version is not None else None
+                now = after[replica.name].counts(name, version) if version is not None else None
+                delta = now.since(then) if then and now else None
+                if delta is None:
+                    notes.append(f"{replica.name} gave no comparable counts for {name} v{version} (restarted?)")
+                else:
+                    deltas.append(delta)
+            side = Side.pooled(deltas)
+            if name == watch.model:
+                sides[label] = side
+            else:
+                members.setdefault(name, {})[f"{label}_mean_ms"] = side.mean_ms
+    few = [k for k, s in sides.items() if s.requests < settings.min_requests]
+    if few:
+        notes.append(f"fewer than {settings.min_requests} live requests on the {' and '.join(few)} side")
+    return {
+        "counted": not notes,
+        "note": "; ".join(notes),
+        "canary": asdict(sides["canary"]),
+        "baseline": asdict(sides["baseline"]),
+        "members": members,
+    }
+
+
+def effects(rounds: list[tuple[Side, Side]], settings: CanarySettings) -> list[gate_stats.Effect]:
+    """One Effect per limit that applies, over the counted rounds (canary, stable)."""
+    out: list[gate_stats.Effect] = []
+
+    def add(name: str, values: list[float], limit: float, higher_is_worse: bool, unit: str, kind: str) -> None:
+        if kind == "difference":  # failures: no log, nothing trimmed
+            mean, low, high = gate_stats.trimmed_interval(np.array(values), settings.confidence, trim=0.0)
+        else:
+            mean, low, high = (np.exp(v) for v in gate_stats.trimmed_interval(np.log(values), settings.confidence))
+            if kind == "ratio":
+                mean, low, high = mean - 1, low - 1, high - 1
+        out.append(gate_stats.Effect(name, mean, low, high, limit, higher_is_worse, unit))  # type: ignore[arg-type]
+
+    # a side whose every request failed has no latency: the canary's counts as extreme (failures decide it)
+    latency = [(c.mean_ms or NO_LATENCY_MS, b.mean_ms or NO_LATENCY_MS) for c, b in rounds]
+    p99s = [(c.p99_ms, b.p99_ms) for c, b in rounds]
+    with_p99 = settings.p99_decides and all(c is not None and b is not None for c, b in p99s)
+    if settings.max_latency_ms:
+        add("canary mean latency", [c for c, _ in latency], settings.max_latency_ms, True, "ms", "absolute")
+    if settings.max_p99_ms and with_p99:
+        add("canary p99", [c for c, _ in p99s], settings.max_p99_ms, True, "ms", "absolute")
+    if settings.max_latency_regression_pct:
+        add("mean latency", [c / b for c, b in latency], settings.max_latency_regression_pct / 100, True, "%", "ratio")
+    if settings.max_p99_regression_pct and with_p99:
+        add("p99", [c / b for c, b in p99s], settings.max_p99_regression_pct / 100, True, "%", "ratio")
+    if settings.max_failure_increase_pct:
+        shares = [c.failure_share - b.failure_share for c, b in rounds]
+        add("failed requests", shares, settings.max_failure_increase_pct / 100, True, "%", "difference")
+    return out
+
+
+def _undecided(result: CanaryResult, counted: int, settings: CanarySettings) -> list[str]:
+    if counted < settings.min_rounds:
+        return [
+            f"too few live requests: {counted} of {len(result.rounds)} rounds had {settings.min_requests} or more on "
+            f"each side, {settings.min_rounds} are needed"
+        ]
+    return ["still undecided: " + "; ".join(e["text"] for e in result.effects)]

@@ -1,0 +1,104 @@
+"""What a production Triton says about the live requests a model has served: its metrics endpoint's counters
+per model and version, read by promote's canary (components/canary.py).
+
+Triton counts every request of a model version since it was loaded: `nv_inference_request_success`,
+`nv_inference_request_failure` (by reason) and `nv_inference_request_duration_us` (the time from the request's
+arrival to its response, summed over successes). With `--metrics-config=summary_latencies=true` it also keeps
+`nv_inference_request_summary_us`, quantiles over the last minute (prometheus-cpp's summary: 60 s in 5 buckets);
+a server started without it gives no p99, which is then left out. The text is parsed by prometheus_client."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from components.errors import TritonshipError
+
+SUCCESS = "nv_inference_request_success"
+FAILURE = "nv_inference_request_failure"
+DURATION = "nv_inference_request_duration_us"
+SUMMARY = "nv_inference_request_summary_us"
+
+
+class MetricsUnavailable(TritonshipError):
+    """A metrics endpoint did not answer, or answered with something that is not Prometheus text."""
+
+
+@dataclass(frozen=True)
+class Counts:
+    """One model version's counters on one server at one moment (cumulative since it was loaded)."""
+
+    success: float
+    failure: float
+    duration_us: float
+    p99_us: float | None  # over the last minute, where the server keeps summaries
+
+    def since(self, earlier: Counts) -> Counts | None:
+        """What was served between `earlier` and this reading; None when a counter went back (the version was
+        loaded again or the server restarted: its counters started from zero)."""
+        delta = Counts(
+            self.success - earlier.success, self.failure - earlier.failure, self.duration_us - earlier.duration_us, None
+        )
+        if min(delta.success, delta.failure, delta.duration_us) < 0:
+            return None
+        return Counts(delta.success, delta.failure, delta.duration_us, self.p99_us)
+
+    @property
+    def requests(self) -> int:
+        return int(self.success + self.failure)
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One reading of a server's metrics endpoint: (family, model, version) -> value, and p99s."""
+
+    url: str
+    values: dict[tuple[str, str, str], float]
+
+    def counts(self, model: str, version: int) -> Counts | None:
+        """The version's counters; None when the server reports none for it (not loaded there)."""
+        key = (model, str(version))
+        if (SUCCESS, *key) not in self.values:
+            return None
+        p99 = self.values.get((f"{SUMMARY}:0.99", *key))
+        return Counts(
+            self.values[(SUCCESS, *key)],
+            self.values.get((FAILURE, *key), 0.0),
+            self.values.get((DURATION, *key), 0.0),
+            p99 if p99 is not None and math.isfinite(p99) else None,  # NaN: nothing observed in the last minute
+        )
+
+
+def scrape(metrics_url: str, timeout: float = 5.0) -> Scrape:
+    """Read the endpoint once; MetricsUnavailable, in one sentence, when it does not answer or is garbled."""
+    url = metrics_url if metrics_url.startswith("http") else f"http://{metrics_url}/metrics"
+    try:
+        response = requests.get(url, timeout=timeout)
+        response.raise_for_status()
+    except requests.RequestException as exc:
+        raise MetricsUnavailable(f"the metrics endpoint {url} did not answer ({type(exc).__name__})") from None
+    values: dict[tuple[str, str, str], float] = {}
+    try:
+        for family in text_string_to_metric_families(response.text):
+            if family.name not in (SUCCESS, FAILURE, DURATION, SUMMARY):
+                continue
+            for sample in family.samples:
+                labels = sample.labels
+                if "model" not in labels or "version" not in labels:
+                    continue
+                if family.name == SUMMARY:
+                    if sample.name != SUMMARY or labels.get("quantile") != "0.99":
+                        continue
+                    name = f"{SUMMARY}:0.99"
+                else:
+                    name = family.name
+                key = (name, labels["model"], labels["version"])
+                values[key] = values.get(key, 0.0) + float(sample.value)  # failures come once per reason
+    except ValueError as exc:
+        raise MetricsUnavailable(
+            f"the metrics endpoint {url} answered with text that is not Prometheus's ({exc})"
+        ) from None
+    return Scrape(url, values)

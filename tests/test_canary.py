@@ -1,0 +1,148 @@
+"""Promote's canary on the embedded stack, through Triton's PyTorch backend: prod-0 is switched first and
+measured against prod-1 on live traffic (a steady client sending long sequences to both, as a Service would),
+then promoted everywhere or reverted. The decisions' rates are measured by benchmarks/canary_quality.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from components.canary_settings import CanarySettings
+from components.promote import CanaryRejected, promote
+from components.publish import publish
+from components.replicas import Replica
+from components.repository import ModelRepository
+from components.stage import stage
+from pipelines.stack import EmbeddedStack
+from tests.models import sequence_folder
+from tests.release_helpers import SteadyClient, install_stable, replicas, repository, unique
+
+# Short rounds for a test (the defaults are minutes long); the limits are the defaults.
+QUICK = CanarySettings(round_s=1.0, min_rounds=5, max_bake_s=20.0, min_requests=20)
+LIVE = {"tokens": np.random.default_rng(3).integers(1, 50, size=(1, 96)).astype(np.int64)}  # long, not the opt
+
+
+def _staged(stack: EmbeddedStack, folder) -> int:
+    published = publish(folder, repository(stack), s3=stack.s3)
+    staged = stage(repository(stack), published.model, published.version, stack.gate.http_url, s3=stack.s3)
+    assert staged.accuracy_passed, staged.load_error
+    return published.version
+
+
+def _served(stack: EmbeddedStack, name: str) -> list[int]:
+    from components.triton_admin import TritonAdmin
+
+    return [TritonAdmin(s.http_url).served_version(name, LIVE, ["scores"]) for s in stack.replicas]
+
+
+def _promote(stack: EmbeddedStack, name: str, version: int, settings: CanarySettings = QUICK, **kwargs):
+    targets = kwargs.pop("targets", None) or replicas(stack)
+    return promote(
+        repository(stack), name, version, targets, "pass", stack.gate.http_url, s3=stack.s3, canary=settings, **kwargs
+    )
+
+
+def _history(stack: EmbeddedStack, name: str) -> list[dict]:
+    return ModelRepository(repository(stack), stack.s3).history(name)
+
+
+def _release(stack, tmp_path, candidate: dict, client_hz: float = 40):
+    """v1 stable everywhere, the candidate (sequence_folder's options) staged; promote with live traffic."""
+    name = unique("canary")
+    install_stable(stack, sequence_folder(tmp_path, name, seed=1))
+    version = _staged(stack, sequence_folder(tmp_path, name, **candidate))
+    urls = [s.http_url for s in stack.replicas] if client_hz else []
+    with SteadyClient(urls, name, LIVE, ["scores"], rate_hz=client_hz or 1) as client:
+        try:
+            result, error = _promote(stack, name, version), None
+        except CanaryRejected as exc:
+            result, error = exc.result, exc
+    return name, version, result, error, client
+
+
+def test_an_equal_candidate_passes_the_canary_and_reaches_every_replica_with_no_failed_request(tmp_path, stack):
+    name, version, result, error, client = _release(stack, tmp_path, {"seed": 1})
+    assert error is None and result.promoted, error
+    canary = result.canary
+    assert canary.decision == "pass" and canary.outcome == "promoted"
+    assert canary.canary_replicas == ["prod-0"] and canary.baseline_replicas == ["prod-1"]
+    assert canary.counted_rounds >= QUICK.min_rounds and len(canary.rounds) >= canary.counted_rounds
+    assert {e["name"] for e in canary.effects} == {"mean latency", "failed requests"}  # 1 s rounds: p99 reported only
+    assert all(r["canary"]["requests"] >= 20 and r["baseline"]["requests"] >= 20 for r in canary.rounds if r["counted"])
+    assert client.failures == [] and client.total > 0
+    assert _served(stack, name) == [version, version]
+    promoted = next(e for e in _history(stack, name) if e["event"] == "promoted" and e["version"] == version)
+    assert promoted["canary"]["decision"] == "pass"
+
+
+def test_a_candidate_slow_only_on_the_live_mix_is_reverted_with_no_failed_request(tmp_path, stack):
+    # at the golden inputs' length (8) it costs the same; at the clients' 96 several times more
+    name, _version, result, error, client = _release(stack, tmp_path, {"seed": 1, "cubic_work": 4})
+    assert isinstance(error, CanaryRejected) and "failed on live traffic" in str(error), error
+    assert "mean latency" in str(error) and "every replica was reverted to v1" in str(error).lower()
+    assert result.canary.decision == "fail" and result.canary.outcome == "reverted" and result.reverted
+    latency = next(e for e in result.canary.effects if e["name"] == "mean latency")
+    assert latency["status"] == "beyond" and latency["estimate"] > 0.5
+    assert client.failures == [] and _served(stack, name) == [1, 1]
+    assert ModelRepository(repository(stack), stack.s3).desired_config(name)[0].version_policy.specific.versions == [1]
+    reverted = next(e for e in _history(stack, name) if e["event"] == "reverted")
+    assert reverted["canary"]["decision"] == "fail"
+
+
+def test_a_candidate_that_fails_some_live_requests_is_reverted(tmp_path, stack):
+    name, _version, result, error, client = _release(stack, tmp_path, {"seed": 1, "fails_when_long": True})
+    assert isinstance(error, CanaryRejected) and "failed requests" in str(error), error
+    failed = next(e for e in result.canary.effects if e["name"] == "failed requests")
+    assert failed["status"] == "beyond" and failed["estimate"] == pytest.approx(1.0)  # every long request failed
+    assert all(r["canary"]["failures"] == r["canary"]["requests"] for r in result.canary.rounds)
+    assert _served(stack, name) == [1, 1]
+    # the client saw the canary's failures, and none once prod-0 was back on v1
+    assert client.failures and all(stack.replicas[0].http_url in f for f in client.failures)
+
+
+@pytest.mark.parametrize("policy", ["revert", "promote"])
+def test_no_live_traffic_is_inconclusive_and_the_policy_decides(tmp_path, stack, policy):
+    name = unique("quiet")
+    install_stable(stack, sequence_folder(tmp_path, name, seed=1))
+    version = _staged(stack, sequence_folder(tmp_path, name, seed=1))
+    settings = CanarySettings(round_s=1.0, max_bake_s=6.0, on_inconclusive=policy)
+    if policy == "revert":
+        with pytest.raises(CanaryRejected, match="was inconclusive: too few live requests") as info:
+            _promote(stack, name, version, settings)
+        result = info.value.result
+        assert _served(stack, name) == [1, 1]
+    else:
+        result = _promote(stack, name, version, settings)
+        assert result.promoted and _served(stack, name) == [version, version]
+    assert result.canary.decision == "inconclusive" and result.canary.counted_rounds == 0
+    assert result.canary.outcome == ("reverted" if policy == "revert" else "promoted")
+
+
+def test_an_unreachable_metrics_endpoint_fails_the_canary_and_reverts(tmp_path, stack):
+    name = unique("nometrics")
+    install_stable(stack, sequence_folder(tmp_path, name, seed=1))
+    version = _staged(stack, sequence_folder(tmp_path, name, seed=1))
+    prod_0, prod_1 = stack.replicas
+    silent = [Replica("prod-0", prod_0.http_url, "127.0.0.1:9"), prod_1.replica]  # nothing listens on port 9
+    with pytest.raises(CanaryRejected, match=r"prod-0: the metrics endpoint http://127.0.0.1:9/metrics did not answer"):
+        _promote(stack, name, version, targets=silent)
+    assert _served(stack, name) == [1, 1]
+
+
+def test_a_canary_replica_killed_mid_bake_fails_the_canary_and_every_replica_serves_stable(tmp_path, stack):
+    name = unique("killed")
+    install_stable(stack, sequence_folder(tmp_path, name, seed=1))
+    version = _staged(stack, sequence_folder(tmp_path, name, seed=1))
+
+    def kill_the_canary(what: str, _replica) -> None:
+        if what.startswith("canary round 2:"):
+            stack.triton("prod-0").process.kill()
+            stack.restart_triton("prod-0", load_models=[name])  # a new pod: the desired state still names v1
+
+    with (
+        SteadyClient([stack.replicas[1].http_url], name, LIVE, ["scores"], rate_hz=40) as client,
+        pytest.raises(CanaryRejected, match="the canary prod-0 no longer serves") as info,
+    ):
+        _promote(stack, name, version, progress=kill_the_canary)
+    assert info.value.result.reverted and _served(stack, name) == [1, 1]
+    assert client.failures == []  # the stable replica served throughout
