@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, get_args
 
 from components import perf
+from components.canary_settings import CANARY_PARAMETERS, CanarySettings
 from components.settings import (
     DEFAULT_CLEANUP_GRACE_S,
     DEFAULT_COMPILE_DEVICE,
@@ -164,6 +165,22 @@ class ModelLoadSettings(_Flat):
         refuse_invalid(
             "load", [f"load_timeout_s must be positive, not {self.load_timeout_s}" if self.load_timeout_s <= 0 else ""]
         )
+
+
+PROMOTE_PARAMETERS = {**LOAD_PARAMETERS, **CANARY_PARAMETERS}
+
+
+@dataclass(frozen=True)
+class PromoteSettings:
+    """promote's: the load time limit and the canary (components/canary_settings.py)."""
+
+    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
+    canary: CanarySettings = field(default_factory=CanarySettings)
+
+    @classmethod
+    def from_flat(cls, **flat: Any) -> PromoteSettings:
+        load = {n: flat.pop(n) for n in list(flat) if n in LOAD_PARAMETERS}
+        return cls(ModelLoadSettings.from_flat(**load).load_timeout_s, CanarySettings.from_flat(**flat))
 
 
 def _counts_text(counts: tuple[int, ...]) -> str:
@@ -326,7 +343,7 @@ STEP_PARAMETERS: dict[tuple[str, ...], tuple[dict[str, Parameter], Any]] = {
     ("stage",): (LOAD_PARAMETERS, ModelLoadSettings),
     ("tune",): (TUNE_PARAMETERS, TuneSettings),
     ("gate",): (GATE_PARAMETERS, GateSettings),
-    ("promote",): (LOAD_PARAMETERS, ModelLoadSettings),
+    ("promote",): (PROMOTE_PARAMETERS, PromoteSettings),
     ("repo", "gc"): (REPO_GC_PARAMETERS, RepoGcSettings),
     ("lease", "release"): (LEASE_RELEASE_PARAMETERS, LeaseReleaseSettings),
 }
@@ -336,6 +353,7 @@ PIPELINE_STEPS = {
     "load": STEP_PARAMETERS[("stage",)],  # stage's and promote's
     "tune": STEP_PARAMETERS[("tune",)],
     "gate": STEP_PARAMETERS[("gate",)],
+    "canary": (CANARY_PARAMETERS, CanarySettings),
 }
 
 

@@ -246,27 +246,45 @@ def promote_op(
     s3_endpoint: str,
     run_id: str,
     settings: dict,
-):
-    """Rolling reload of every production replica with the tuned settings; reverts and fails on any error."""
-    from components.promote import promote
+    report: Output[Markdown],
+    report_html: Output[HTML],
+) -> NamedTuple("Promoted", [("promoted", bool), ("promote_json", str)]):
+    """Rolling reload of every production replica with the tuned settings, the first ones measured as a canary
+    on live traffic; a canary that reverts is an outcome (promoted false, its report), any other failure fails."""
+    from collections import namedtuple
+    from pathlib import Path
+
+    from components import canary_report
+    from components.promote import CanaryRejected, promote
     from components.replicas import resolve
     from components.results import TuneResult, Verdict
     from components.s3repo import S3Settings
-    from components.step_settings import ModelLoadSettings
+    from components.step_settings import PromoteSettings
 
+    chosen = PromoteSettings.from_flat(**settings["load"], **settings["canary"])
     verdict = Verdict.from_json(verdict_json).verdict
-    promote(
-        repository,
-        model_name,
-        int(version),
-        resolve(replicas),
-        verdict,
-        resolve(gate)[0].url,
-        settings=TuneResult.from_json(tuning_json).chosen,
-        s3=S3Settings.from_env(s3_endpoint),
-        run_id=run_id,
-        load_timeout=ModelLoadSettings.from_flat(**settings["load"]).load_timeout_s,
-    )
+    try:
+        result = promote(
+            repository,
+            model_name,
+            int(version),
+            resolve(replicas),
+            verdict,
+            resolve(gate)[0].url,
+            settings=TuneResult.from_json(tuning_json).chosen,
+            s3=S3Settings.from_env(s3_endpoint),
+            run_id=run_id,
+            load_timeout=chosen.load_timeout_s,
+            canary=chosen.canary,
+        )
+    except CanaryRejected as exc:
+        result = exc.result
+    canary = result.canary
+    Path(report.path).write_text(canary_report.markdown(canary) if canary else "# Canary: not run\n")
+    Path(report_html.path).write_text(canary_report.html_page(canary) if canary else "<p>Canary: not run</p>")
+    if canary:
+        print(canary_report.summary(canary))
+    return namedtuple("Promoted", ["promoted", "promote_json"])(result.promoted, result.to_json())
 
 
 @dsl.component(base_image=image("tools"))

@@ -73,7 +73,13 @@ class LocalRun:
 
     @property
     def promoted(self) -> bool:
-        return "promote-op" in self.outputs
+        return self.parameter("promote-op", "promoted") is True
+
+    @property
+    def promotion(self) -> dict[str, Any] | None:
+        """The promote step's PromoteResult (with its canary), where it ran."""
+        text = self.parameter("promote-op", "promote_json")
+        return json.loads(text) if text else None
 
     @property
     def rejected(self) -> bool:

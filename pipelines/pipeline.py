@@ -223,6 +223,18 @@ def release_pipeline(
     min_throughput: float = STEP["min_throughput"].default,
     max_p99_regression_pct: float = STEP["max_p99_regression_pct"].default,
     max_throughput_regression_pct: float = STEP["max_throughput_regression_pct"].default,
+    canary: bool = STEP["canary"].default,
+    canary_replicas: int = STEP["canary_replicas"].default,
+    canary_round_s: float = STEP["canary_round_s"].default,
+    canary_max_bake_s: float = STEP["canary_max_bake_s"].default,
+    canary_min_rounds: int = STEP["canary_min_rounds"].default,
+    canary_min_requests: int = STEP["canary_min_requests"].default,
+    canary_max_latency_regression_pct: float = STEP["canary_max_latency_regression_pct"].default,
+    canary_max_p99_regression_pct: float = STEP["canary_max_p99_regression_pct"].default,
+    canary_max_failure_increase_pct: float = STEP["canary_max_failure_increase_pct"].default,
+    canary_max_latency_ms: float = STEP["canary_max_latency_ms"].default,
+    canary_max_p99_ms: float = STEP["canary_max_p99_ms"].default,
+    canary_on_inconclusive: str = STEP["canary_on_inconclusive"].default,
 ):
     given = locals()  # the steps' settings travel as one dict, checked before anything runs
     checked = settings_op(flat={name: given[name] for name in STEP})

@@ -11,11 +11,13 @@ from typing import Annotated
 import typer
 
 from components import log, settings
+from components.canary_settings import CANARY_PARAMETERS as CANARY
 from components.errors import TritonshipError
 from components.settings import GATE_PARAMETERS as GATE
 from components.step_settings import LOAD_PARAMETERS as LOAD
+from components.step_settings import PROMOTE_PARAMETERS as PROMOTE
 from components.step_settings import TUNE_PARAMETERS as TUNE
-from components.step_settings import ModelLoadSettings, TuneSettings
+from components.step_settings import ModelLoadSettings, PromoteSettings, TuneSettings
 from pipelines.cli.common import (
     EndpointOption,
     GateMetricsOption,
@@ -209,30 +211,67 @@ def promote_cmd(
     gate: UnloadGateOption = None,
     tuning: TuningOption = None,
     load_timeout_s: Annotated[float, option(LOAD, "load_timeout_s")] = LOAD["load_timeout_s"].default,
+    canary: Annotated[bool, option(CANARY, "canary")] = CANARY["canary"].default,
+    canary_replicas: Annotated[int, option(CANARY, "canary_replicas")] = CANARY["canary_replicas"].default,
+    canary_round_s: Annotated[float, option(CANARY, "canary_round_s")] = CANARY["canary_round_s"].default,
+    canary_max_bake_s: Annotated[float, option(CANARY, "canary_max_bake_s")] = CANARY["canary_max_bake_s"].default,
+    canary_min_rounds: Annotated[int, option(CANARY, "canary_min_rounds")] = CANARY["canary_min_rounds"].default,
+    canary_min_requests: Annotated[int, option(CANARY, "canary_min_requests")] = CANARY["canary_min_requests"].default,
+    canary_max_latency_regression_pct: Annotated[float, option(CANARY, "canary_max_latency_regression_pct")] = CANARY[
+        "canary_max_latency_regression_pct"
+    ].default,
+    canary_max_p99_regression_pct: Annotated[float, option(CANARY, "canary_max_p99_regression_pct")] = CANARY[
+        "canary_max_p99_regression_pct"
+    ].default,
+    canary_max_failure_increase_pct: Annotated[float, option(CANARY, "canary_max_failure_increase_pct")] = CANARY[
+        "canary_max_failure_increase_pct"
+    ].default,
+    canary_max_latency_ms: Annotated[float, option(CANARY, "canary_max_latency_ms")] = CANARY[
+        "canary_max_latency_ms"
+    ].default,
+    canary_max_p99_ms: Annotated[float, option(CANARY, "canary_max_p99_ms")] = CANARY["canary_max_p99_ms"].default,
+    canary_on_inconclusive: Annotated[str, option(CANARY, "canary_on_inconclusive")] = CANARY[
+        "canary_on_inconclusive"
+    ].default,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="where the canary's report.md and report.html go")
+    ] = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:
-    """Roll the gated candidate out to every production replica, one at a time; revert on any failure."""
-    from components.promote import promote
+    """Roll the gated candidate out to every production replica, one at a time; revert on any failure.
+    With the canary (the default), the first replicas switched are measured against the others on live
+    traffic first; exit 1 when it reverts."""
+    from components import canary_report
+    from components.promote import CanaryRejected, promote
     from components.replicas import resolve
     from components.results import TuneResult, Verdict
 
-    loading = validated(ModelLoadSettings.from_flat, locals(), LOAD)
+    chosen = validated(PromoteSettings.from_flat, locals(), PROMOTE)
     decided = read_result(verdict, "verdict", Verdict)
     targets = resolve(replicas)
     serving = read_result(tuning, "tuning result", TuneResult).chosen if tuning else None
     with console.status(f"promoting {decided.model} v{decided.version} to {len(targets)} replicas") as status:
-        result = promote(
-            repository,
-            decided.model,
-            decided.version,
-            targets,
-            decided.verdict,
-            gate_url=one_server(gate) if gate else None,
-            settings=serving,
-            s3=s3_settings(s3_endpoint),
-            progress=lambda what, replica: status.update(f"{what} {replica.name}"),
-            load_timeout=loading.load_timeout_s,
-        )
+        try:
+            result = promote(
+                repository,
+                decided.model,
+                decided.version,
+                targets,
+                decided.verdict,
+                gate_url=one_server(gate) if gate else None,
+                settings=serving,
+                s3=s3_settings(s3_endpoint),
+                progress=lambda what, replica: status.update(f"{what} ({replica.name})"),
+                load_timeout=chosen.load_timeout_s,
+                canary=chosen.canary,
+            )
+        except CanaryRejected as exc:
+            if exc.result and exc.result.canary:
+                canary_report.write(exc.result.canary, out_dir)
+            raise
+    if result.canary:
+        canary_report.write(result.canary, out_dir)
+        out_console_line(canary_report.summary(result.canary))
     out_console_line(
         f"promoted {result.model} v{result.version} (was {result.previous_version}) on {len(result.replicas)} replicas"
     )

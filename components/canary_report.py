@@ -1,0 +1,108 @@
+"""The canary's report: Markdown and HTML (for the KFP UI) of a CanaryResult, and its one-line summary."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from components.results import CanaryResult
+
+ROUND_HEADER = (
+    "round",
+    "counted",
+    "canary req",
+    "failed",
+    "mean ms",
+    "p99 ms",
+    "stable req",
+    "failed",
+    "mean ms",
+    "p99 ms",
+)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def summary(result: CanaryResult) -> str:
+    """For example "canary pass after 5 of 5 rounds (31 s): mean latency +1.2% [-3.0, +5.1] (limit +10%): within"."""
+    rounds = f"{result.counted_rounds} of {len(result.rounds)} rounds" if result.rounds else "no round"
+    return f"canary {result.decision} after {rounds} ({result.seconds:.0f} s): {'; '.join(result.reasons)}"
+
+
+def round_rows(result: CanaryResult) -> list[tuple[str, ...]]:
+    rows = []
+    for i, r in enumerate(result.rounds, 1):
+        sides: list[Any] = [r["canary"], r["baseline"]]
+        rows.append(
+            (
+                str(i),
+                "yes" if r["counted"] else f"no: {r['note']}",
+                *(
+                    cell
+                    for s in sides
+                    for cell in (
+                        str(s["requests"]),
+                        str(s["failures"]),
+                        _fmt(s["mean_ms"], ".3f"),
+                        _fmt(s["p99_ms"], ".3f"),
+                    )
+                ),
+            )
+        )
+    return rows
+
+
+def _how(result: CanaryResult) -> str:
+    s = result.settings
+    p99 = (
+        "p99 decides (rounds as long as Triton's 60 s summary window)"
+        if s.get("round_s", 0) >= 60
+        else "p99 reported only (rounds shorter than Triton's 60 s summary window overlap)"
+    )
+    return (
+        f"Canary {', '.join(result.canary_replicas) or '-'} against stable {', '.join(result.baseline_replicas) or '-'} "
+        f"on live traffic, rounds of {s.get('round_s', 0):g} s, at least {s.get('min_requests', 0)} requests a side; "
+        f"{p99}. {result.stopped or ''} Outcome: {result.outcome or '-'}."
+    )
+
+
+def markdown(result: CanaryResult) -> str:
+    lines = [
+        f"# Canary: {result.model} v{result.version} against v{result.stable_version} — **{result.decision.upper()}**",
+        "",
+        _how(result),
+        "",
+        *[f"- {reason}" for reason in result.reasons],
+    ]
+    if result.rounds:
+        lines += ["", f"| {' | '.join(ROUND_HEADER)} |", "|" + " --- |" * len(ROUND_HEADER)]
+        lines += [f"| {' | '.join(row)} |" for row in round_rows(result)]
+    return "\n".join(lines) + "\n"
+
+
+def html_page(result: CanaryResult) -> str:
+    colour = {"pass": "#1a7f37", "fail": "#cf222e"}.get(result.decision, "#9a6700")
+    header = "".join(f"<th>{html.escape(h)}</th>" for h in ROUND_HEADER)
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in round_rows(result))
+    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in result.reasons)
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>canary report</title>"
+        "<style>body{font-family:sans-serif;max-width:900px;margin:2em}td,th{padding:2px 8px;text-align:right}"
+        "</style></head><body>"
+        f"<h1>Canary: {html.escape(result.model)} v{result.version}: "
+        f"<span style='color:{colour}'>{result.decision.upper()}</span></h1>"
+        f"<p>{html.escape(_how(result))}</p><ul>{reasons}</ul>"
+        f"<table><tr>{header}</tr>{rows}</table></body></html>"
+    )
+
+
+def write(result: CanaryResult, out_dir: Path | None) -> None:
+    """report.md and report.html into `out_dir` (nothing without one)."""
+    if out_dir is None:
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.md").write_text(markdown(result))
+    (out_dir / "report.html").write_text(html_page(result))
