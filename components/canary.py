@@ -7,7 +7,8 @@ the same seconds: a baseline with no traffic split, mesh or ingress (docs/design
 A **round** is `round_s` seconds between two readings of every replica's metrics endpoint
 (components/live_metrics.py). Per side (canary, stable) it gives the live requests served, the failed ones,
 the mean latency (Triton's summed request duration over the successes) and, where the servers keep
-summaries, a p99. A round counts when each side served at least `min_requests`.
+summaries, a p99. A round counts when each side served at least `min_requests`; the first round after the
+switch never counts (a freshly loaded TorchScript specialises itself for each input shape it meets first).
 
 The effects, over the counted rounds, with the gate's statistics (components/gate_stats.py):
 - mean latency, canary over stable, per round: the 20% trimmed mean of the log ratios and Yuen's interval;
@@ -122,6 +123,8 @@ def bake(
             figures = _round(watch, canary, baseline, before, after, settings)
             result.rounds.append(figures)
             before = after
+            if len(result.rounds) == 1:  # a freshly loaded version meets each new input shape for the first time
+                figures["counted"], figures["note"] = False, "warm-up: the first round after the switch is not counted"
             if figures["counted"]:
                 counted.append((Side(**figures["canary"]), Side(**figures["baseline"])))
             elapsed = time.monotonic() - started

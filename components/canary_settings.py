@@ -86,8 +86,8 @@ class CanarySettings:
                 f"canary_min_rounds must be at least {gate_stats.MIN_ROUNDS}, not {self.min_rounds}"
                 if self.min_rounds < gate_stats.MIN_ROUNDS
                 else "",
-                f"canary_max_bake_s ({self.max_bake_s:g}) must give canary_min_rounds rounds of canary_round_s"
-                if self.max_bake_s < self.min_rounds * self.round_s
+                f"canary_max_bake_s ({self.max_bake_s:g}) must give a warm-up round and canary_min_rounds rounds of canary_round_s"
+                if self.max_bake_s < (self.min_rounds + 1) * self.round_s
                 else "",
                 f"canary_min_requests must be at least 1, not {self.min_requests}" if self.min_requests < 1 else "",
                 f"{', '.join(negative)} must not be negative" if negative else "",
