@@ -89,7 +89,10 @@ class Watch:
     members: dict[str, tuple[int, int | None]]  # member -> (its version on the canary, on the stable replicas)
 
     def versions(self, canary: bool) -> list[tuple[str, int | None]]:
-        own = [(self.model, self.candidate if canary else self.stable)]
+        """(name, version) to read on one side; an ensemble's own version is None (every version summed): Triton
+        2.51 keeps counting a reloaded ensemble's requests under the version it was first loaded as. Its
+        members' versions say which release a replica serves."""
+        own = [(self.model, None if self.members else self.candidate if canary else self.stable)]
         return own + [(name, new if canary else old) for name, (new, old) in self.members.items()]
 
 
@@ -219,8 +222,7 @@ def _round(
         for name, version in watch.versions(is_canary):
             deltas = []
             for replica in replicas:
-                then = before[replica.name].counts(name, version) if version is not None else None
-                now = after[replica.name].counts(name, version) if version is not None else None
+                then, now = before[replica.name].counts(name, version), after[replica.name].counts(name, version)
                 delta = now.since(then) if then and now else None
                 if delta is None:
                     notes.append(f"{replica.name} gave no comparable counts for {name} v{version} (restarted?)")

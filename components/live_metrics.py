@@ -58,11 +58,24 @@ class Scrape:
     url: str
     values: dict[tuple[str, str, str], float]
 
-    def counts(self, model: str, version: int) -> Counts | None:
-        """The version's counters; None when the server reports none for it (not loaded there)."""
-        key = (model, str(version))
-        if (SUCCESS, *key) not in self.values:
+    def counts(self, model: str, version: int | None) -> Counts | None:
+        """The version's counters (None: every version's, summed); None when the server reports none for it."""
+        versions = [v for (name, m, v) in self.values if name == SUCCESS and m == model]
+        if version is not None:
+            versions = [v for v in versions if v == str(version)]
+        if not versions:
             return None
+        found = [self._one(model, v) for v in versions]
+        busiest = max(found, key=lambda c: c.success)
+        return Counts(
+            sum(c.success for c in found),
+            sum(c.failure for c in found),
+            sum(c.duration_us for c in found),
+            busiest.p99_us,
+        )
+
+    def _one(self, model: str, version: str) -> Counts:
+        key = (model, version)
         p99 = self.values.get((f"{SUMMARY}:0.99", *key))
         return Counts(
             self.values[(SUCCESS, *key)],

@@ -1,14 +1,16 @@
-"""The demo: three releases of the users' BERT4Rec recommender through the whole KFP pipeline on the
-embedded stack.
+"""The demo: four releases of the users' BERT4Rec recommender through the whole KFP pipeline on the
+embedded stack, with live clients sending long histories to the production replicas from v1 on.
 
-v1 is the first release (absolute limits only), v2 a retrained model of the same size (promoted), v3
-a deliberately slower model (rejected; v2 keeps serving). Then a client asks production which
-version answers. The demo checks that story and exits non-zero, saying what differed, when it does
-not hold.
+v1 is the first release (absolute limits only), v2 a retrained model of the same size (promoted after its
+canary), v3 a deliberately slower model (rejected by the gate; v2 keeps serving), v4 v2's answers at a cost
+that grows with the history's length: it passes the gate, which measures at 16 positions, and its canary
+fails on the clients' 32-40 (every replica back on v2). Then a client asks production which version
+answers. The demo checks that story and exits non-zero, saying what differed, when it does not hold.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from components.triton_admin import TritonAdmin
+from pipelines.live_traffic import LiveTraffic
 from pipelines.local import LocalRun, run_local
 from pipelines.samples import bert4rec
 from pipelines.stack import EmbeddedStack
@@ -29,13 +32,19 @@ RELEASES = [
     ("v1: first release", "pipelines.samples.bert4rec:bert4rec_v1", "promoted"),
     ("v2: retrained", "pipelines.samples.bert4rec:bert4rec_v2", "promoted"),
     ("v3: deliberately slower", "pipelines.samples.bert4rec:bert4rec_v3_slow", "rejected"),
+    ("v4: slow on long histories", "pipelines.samples.bert4rec:bert4rec_v4_long_history", "reverted"),
 ]
+# Rounds for a demo's traffic (30 requests/s a replica); production's defaults are minutes long.
+DEMO_CANARY = {"canary_round_s": 2.0, "canary_max_bake_s": 40.0, "canary_min_requests": 20}
 
 
 def demo_parameters(
-    stack: EmbeddedStack, model_source: str, signature: str = bert4rec.MODEL_SIGNATURE_YAML, model_name: str = MODEL
+    stack: EmbeddedStack,
+    model_source: str,
+    signature: str = json.dumps(bert4rec.DYNAMIC_SIGNATURE),
+    model_name: str = MODEL,
 ) -> dict[str, Any]:
-    """The pipeline's parameters for the embedded stack: CPU TorchScript served by the Python backend."""
+    """The pipeline's parameters for the embedded stack: CPU TorchScript served by Triton's PyTorch backend."""
     return {
         "model_source": model_source,
         "signature": signature,
@@ -51,14 +60,14 @@ def demo_parameters(
         # at concurrency 1 batching cannot help: the default twice and two other settings show the step
         # (benchmarks/tuning.py measures it at a load where it pays)
         "tune_budget": 4,
-        "canary": False,  # no live clients send the demo's replicas requests to compare
+        **DEMO_CANARY,
     }
 
 
 def summary_row(label: str, run: LocalRun) -> list[str]:
     verdict = run.verdict or {}
     median = verdict.get("candidate_summary") or {}
-    outcome = "promoted" if run.promoted else "rejected" if run.rejected else "-"
+    outcome = outcome_of(run)
     return [
         label,
         str(run.version),
@@ -84,17 +93,38 @@ def print_table(console: Console, table: Table, rows: list[list[str]]) -> None:
         console.print(f"{row[0]}: {row[-1] or '-'}", soft_wrap=True, highlight=False)
 
 
+def outcome_of(run: LocalRun) -> str:
+    if run.promoted:
+        return "promoted"
+    if run.rejected:
+        return "rejected"
+    return "reverted" if run.promotion else "neither promoted nor rejected"
+
+
+def canary_line(run: LocalRun) -> str:
+    canary = (run.promotion or {}).get("canary")
+    if not canary:
+        return "no canary"
+    from components import canary_report
+    from components.results import CanaryResult
+
+    return canary_report.summary(CanaryResult.from_json(json.dumps(canary)))
+
+
 def story_differences(
-    runs: list[LocalRun], served: list[int | None], backends: list[dict[str, str]] | None = None
+    runs: list[LocalRun],
+    served: list[int | None],
+    backends: list[dict[str, str]] | None = None,
+    client_failures: int = 0,
 ) -> list[str]:
     """Where the releases did not end as the demo's story says (empty when they did). `backends`: each
     replica's served models and the backend each runs, as the server reports them."""
-    problems = []
+    problems = [f"{client_failures} live client requests failed"] if client_failures else []
     for replica, models in enumerate(backends or []):
         if "pytorch_libtorch/pytorch" not in models.values():
             problems.append(f"prod-{replica} serves no model with Triton's PyTorch backend: {models}")
     for (label, _source, expected), run in zip(RELEASES, runs, strict=True):
-        outcome = "promoted" if run.promoted else "rejected" if run.rejected else "neither promoted nor rejected"
+        outcome = outcome_of(run)
         if outcome != expected:
             reasons = "; ".join((run.verdict or {}).get("reasons", [])) or "no verdict"
             problems.append(f"{label} was {outcome}, expected {expected} ({reasons})")
@@ -106,7 +136,7 @@ def story_differences(
 
 def run_demo(console: Console, workdir: Path | None = None) -> int:
     workdir = workdir or Path(tempfile.mkdtemp(prefix="tritonship-demo-"))
-    table = Table(title=f"tritonship demo: three releases of '{MODEL}' (BERT4Rec on transformers)")
+    table = Table(title=f"tritonship demo: four releases of '{MODEL}' (BERT4Rec on transformers)")
     for column in ("release", "version", "verdict", "p99 ms", "infer/s", "reason"):
         table.add_column(column)
     runs: list[LocalRun] = []
@@ -120,24 +150,34 @@ def run_demo(console: Console, workdir: Path | None = None) -> int:
             f"embedded stack up: S3 {stack.s3.endpoint_url}, production "
             f"{', '.join(s.http_url for s in stack.replicas)}, gate {stack.gate.http_url}"
         )
+        clients = LiveTraffic([s.http_url for s in stack.replicas], MODEL)
         for label, source, _expected in RELEASES:
-            status.update(f"releasing {label} (export, compile, publish, stage, tune, gate, promote/reject)")
+            status.update(f"releasing {label} (export, compile, publish, stage, tune, gate, canary, promote/reject)")
             run = run_local(demo_parameters(stack, source), workdir / "pipeline-runs", env=stack.env())
             runs.append(run)
             rows.append(summary_row(label, run))
             table.add_row(*rows[-1])
             console.print(f"  {label}: {run.verdict['verdict'] if run.verdict else '-'}  ({run.root})", soft_wrap=True)
+            if run.promotion:
+                console.print(f"    {canary_line(run)}", soft_wrap=True, highlight=False)
+            if len(runs) == 1:  # v1 serves: the live clients start
+                clients.__enter__()
+        clients.__exit__()
         request = {k: v[:1] for k, v in bert4rec_request().items()}
         served = [_served(s.http_url, request) for s in stack.replicas]
         backends = [served_backends(s.http_url) for s in stack.replicas]
     print_table(console, table, rows)
+    console.print(
+        f"live clients (histories of 32-40 items): {clients.total} requests answered, by version {dict(clients.versions)}, "
+        f"{len(clients.failures)} failed"
+    )
     console.print(f"a client request to each production replica was answered by version(s) {served}")
     console.print(f"what prod-0 serves, as its model configs say (platform/backend): {backends[0]}", soft_wrap=True)
     console.print("gate reports:")
     for run in runs:
         console.print(f"  {run.root / 'gate-op' / 'report_html'}", soft_wrap=True, highlight=False)
     console.print(f"finished in {time.monotonic() - started:.0f} s")
-    problems = story_differences(runs, served, backends)
+    problems = story_differences(runs, served, backends, len(clients.failures))
     for problem in problems:
         console.print(f"[red]the demo did not end as its story says: {problem}[/]", soft_wrap=True)
     return 1 if problems else 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import socket
@@ -32,6 +33,13 @@ def port_is_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _prepare(die_with_parent_too: bool, cpus: frozenset[int] | None) -> None:
+    if die_with_parent_too:
+        die_with_parent()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 def die_with_parent() -> None:
     # PR_SET_PDEATHSIG: the kernel sends SIGKILL to the server if the Python process that started
     # it dies (even by SIGKILL), so no test crash or Ctrl-C leaves a server behind.
@@ -47,6 +55,7 @@ class ManagedProcess:
     env: dict[str, str]
     log_path: Path
     detach: bool = False
+    cpus: frozenset[int] | None = None  # the CPUs it may run on (None: any)
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     pid: int | None = None
 
@@ -61,9 +70,11 @@ class ManagedProcess:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 # PDEATHSIG fires when the *thread* that forked exits, so only the main thread uses it.
-                preexec_fn=die_with_parent
-                if not self.detach and threading.current_thread() is threading.main_thread()
-                else None,
+                preexec_fn=functools.partial(
+                    _prepare,
+                    not self.detach and threading.current_thread() is threading.main_thread(),
+                    self.cpus,
+                ),
             )
         self.pid = self.popen.pid
         log.event(LOG, "process started", name=self.name, pid=self.pid, log=self.log_path)

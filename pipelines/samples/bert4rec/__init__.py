@@ -186,6 +186,37 @@ def bert4rec_v3_slow() -> nn.Module:
     return BERT4Rec(dataclasses.replace(DEMO, layers=8, hidden=128, heads=4), seed=2).eval()
 
 
+class LongHistoryCost(nn.Module):
+    """The model plus a matrix product whose cost grows with the history length cubed, adding exactly zero: the
+    same answers, unnoticeable at 16 positions, most of a call again at 40 (the demo's fourth release)."""
+
+    def __init__(self, model: BERT4Rec, repeat: int = 7) -> None:
+        super().__init__()
+        self.model, self.repeat = model, repeat
+
+    def forward(self, item_ids: torch.Tensor, mask_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        indices, scores = self.model(item_ids, mask_pos)
+        embedded = self.model.bert.bert.embeddings.word_embeddings(item_ids)
+        square = (embedded @ embedded.transpose(1, 2)).repeat(1, self.repeat, self.repeat)
+        return indices, scores + (square @ square).sum((1, 2)).unsqueeze(-1) * 0.0
+
+
+def bert4rec_v4_long_history() -> nn.Module:
+    """v2's answers at a cost that grows with the history's length: within the gate's limits at the opt (16),
+    far slower on the 32-40 positions the demo's clients send."""
+    return LongHistoryCost(BERT4Rec(seed=1).eval()).eval()
+
+
+# The demo's signature: histories of 8 to 40 positions, measured by the gate at 16.
+DYNAMIC_SIGNATURE = MODEL_SIGNATURE | {
+    "dims": {"length": {"min": 8, "opt": 16, "max": DEMO.length}},
+    "inputs": [
+        {"name": "item_ids", "dtype": "int64", "shape": [-1, "length"], "range": [0, DEMO.items + 2]},
+        {"name": "mask_pos", "dtype": "int64", "shape": [-1, 1], "range": [0, "length"]},
+    ],
+}
+
+
 # Random weights spread 50,000 items' scores thinly (about 2e-5 each): fp16 swaps near-tied neighbours in the
 # top 10 for up to a quarter of the indices while their scores agree within 2e-3 (measured on the H200).
 USERS_FP16_TOLERANCE = Tolerance.for_precision("fp16", int_mismatch=0.25)
