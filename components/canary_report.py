@@ -28,7 +28,9 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def summary(result: CanaryResult) -> str:
     """For example "canary pass after 5 of 5 rounds (31 s): mean latency +1.2% [-3.0, +5.1] (limit +10%): within"."""
-    rounds = f"{result.counted_rounds} of {len(result.rounds)} rounds" if result.rounds else "no round"
+    if result.decision == "skipped":
+        return f"canary skipped: {'; '.join(result.reasons)}"
+    rounds = f"{result.counted_rounds} counted of {len(result.rounds)} rounds"
     return f"canary {result.decision} after {rounds} ({result.seconds:.0f} s): {'; '.join(result.reasons)}"
 
 

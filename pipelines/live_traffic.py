@@ -1,5 +1,5 @@
 """Live clients for the demo: each production replica gets unversioned BERT4Rec requests at a steady rate, as
-a Service would spread them, with the histories real users send (32 to 40 positions, longer than the 16 the
+a Service would spread them, with the histories real users send (32 to 40 positions, longer than the 8 the
 gate measures at). Which version answered and every failure are counted."""
 
 from __future__ import annotations
