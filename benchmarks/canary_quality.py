@@ -100,6 +100,8 @@ def main() -> None:
                 folder = sequence_folder(work, name, seed=1, cubic_work=args.cubic_work if kind == "slow" else 0)
                 decisions.append({"kind": str(kind), **decide(stack, name, folder, settings)})
                 print(i + 1, kind, decisions[-1]["decision"], f"{decisions[-1]['seconds']:.1f} s", flush=True)
+                args.out.parent.mkdir(parents=True, exist_ok=True)  # kept after every decision: a cut run keeps them
+                args.out.write_text(json.dumps({"decisions": decisions}, indent=2, default=str))
     seconds = [d["seconds"] for d in decisions]
     summary = {
         "aa_reverted": sum(d["kind"] == "aa" and d["outcome"] == "reverted" for d in decisions),
