@@ -146,7 +146,7 @@ def bake(
                 result.reasons = _undecided(result, len(counted), settings)
                 result.stopped = f"the longest bake ({settings.max_bake_s:g} s) was spent"
                 break
-    except (CanaryFault, MetricsUnavailable) as exc:
+    except CanaryFault as exc:
         result.decision, result.reasons, result.stopped = "fail", [str(exc)], "the canary could not be measured"
     result.counted_rounds = len(counted)
     result.seconds = time.monotonic() - started

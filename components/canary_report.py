@@ -6,6 +6,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from components.canary_settings import SUMMARY_WINDOW_S
 from components.results import CanaryResult
 
 ROUND_HEADER = (
@@ -61,7 +62,7 @@ def _how(result: CanaryResult) -> str:
     s = result.settings
     p99 = (
         "p99 decides (rounds as long as Triton's 60 s summary window)"
-        if s.get("round_s", 0) >= 60
+        if s.get("round_s", 0) >= SUMMARY_WINDOW_S
         else "p99 reported only (rounds shorter than Triton's 60 s summary window overlap)"
     )
     return (
