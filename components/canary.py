@@ -7,15 +7,22 @@ the same seconds: a baseline with no traffic split, mesh or ingress (docs/design
 A **round** is `round_s` seconds between two readings of every replica's metrics endpoint
 (components/live_metrics.py). Per side (canary, stable) it gives the live requests served, the failed ones,
 the mean latency (Triton's summed request duration over the successes) and, where the servers keep
-summaries, a p99. A round counts when each side served at least `min_requests`; the first round after the
-switch never counts (a freshly loaded TorchScript specialises itself for each input shape it meets first).
+summaries, a p99. A round counts when each side served at least `min_requests`.
+
+**Before the switch**, `min_rounds` counted rounds compare the canary replicas with the others while both
+serve the stable version. Replicas differ by themselves: another node, another core, what else runs there (on
+a 2-core machine one replica served 15% slower than the other for minutes, benchmarks/README.md). Without this
+reference an equal candidate on the slower replica would look like a regression. Too few live requests here
+is inconclusive before anything is switched. **After the switch** the first round never counts (a freshly
+loaded TorchScript specialises itself for each input shape it meets first).
 
 The effects, over the counted rounds, with the gate's statistics (components/gate_stats.py):
-- mean latency, canary over stable, per round: the 20% trimmed mean of the log ratios and Yuen's interval;
+- mean latency, canary over stable: the change in the 20% trimmed mean of the per-round log ratios from before
+  the switch to after it, with Yuen's two-sample interval (both samples' noise widens it);
 - p99 likewise, but only when rounds last Triton's summary window (60 s) or more: a shorter round's p99
   reading covers the rounds before it too, and overlapping rounds would make the interval too narrow;
-- failed requests, the canary's share minus the stable's, per round: the plain mean and Student's interval,
-  nothing trimmed (a round of failures is never set aside as an outlier);
+- failed requests, the canary's share minus the stable's: its change from before the switch, plain means and
+  Welch's interval, nothing trimmed (a round of failures is never set aside as an outlier);
 - absolute limits on the canary's own mean latency and p99, like the gate's.
 After every round from `min_rounds` counted ones: fail as soon as one effect lies beyond its limit, pass
 when all lie within, else another round until `max_bake_s`; then inconclusive, which the settings turn into
@@ -28,7 +35,7 @@ back (it restarted) fails the canary at once with that reason; a stable replica'
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -95,15 +102,21 @@ class Watch:
         own = [(self.model, None if self.members else self.candidate if canary else self.stable)]
         return own + [(name, new if canary else old) for name, (new, old) in self.members.items()]
 
+    def unswitched(self) -> Watch:
+        """Both sides on the stable version: what the replicas serve before the switch."""
+        return Watch(self.model, self.stable, self.stable, {n: (old, old) for n, (_, old) in self.members.items()})
+
 
 def bake(
     watch: Watch,
     canary: list[Replica],
     baseline: list[Replica],
     settings: CanarySettings,
+    switch: Callable[[], None],
     progress: Progress | None = None,
 ) -> CanaryResult:
-    """Measure the switched `canary` replicas against the `baseline` ones until the canary decides."""
+    """Compare the `canary` replicas with the `baseline` ones while all serve the stable version, call `switch`
+    (which loads the candidate on the canary replicas), then measure them until the canary decides."""
     result = CanaryResult(
         watch.model,
         watch.candidate,
@@ -115,43 +128,93 @@ def bake(
         settings=asdict(settings),
     )
     started = time.monotonic()
-    counted: list[tuple[Side, Side]] = []
     try:
-        before = _read(canary + baseline)
-        _check_canary(watch, canary, before, before)
-        while True:
-            time.sleep(settings.round_s)
-            after = _read(canary + baseline)
-            _check_canary(watch, canary, before, after)
-            figures = _round(watch, canary, baseline, before, after, settings)
-            result.rounds.append(figures)
-            before = after
-            if len(result.rounds) == 1:  # a freshly loaded version meets each new input shape for the first time
-                figures["counted"], figures["note"] = False, "warm-up: the first round after the switch is not counted"
-            if figures["counted"]:
-                counted.append((Side(**figures["canary"]), Side(**figures["baseline"])))
-            elapsed = time.monotonic() - started
-            if progress:
-                progress(f"canary round {len(result.rounds)}: {len(counted)} counted, {elapsed:.0f} s")
-            if len(counted) >= settings.min_rounds:
-                found = effects(counted, settings)
-                result.effects = [e.to_dict() for e in found]
-                decided = gate_stats.judge(found)
-                if decided != "undecided":
-                    result.decision = decided
-                    result.reasons = [e.describe() for e in found]
-                    result.stopped = f"decided after {len(counted)} counted rounds"
-                    break
-            if elapsed + settings.round_s > settings.max_bake_s:
-                result.reasons = _undecided(result, len(counted), settings)
-                result.stopped = f"the longest bake ({settings.max_bake_s:g} s) was spent"
-                break
+        reference = _calibrate(watch.unswitched(), canary, baseline, settings, result, progress)
+        if len(reference) >= settings.min_rounds:
+            switch()
+            _bake(watch, canary, baseline, settings, reference, result, progress)
     except CanaryFault as exc:
         result.decision, result.reasons, result.stopped = "fail", [str(exc)], "the canary could not be measured"
-    result.counted_rounds = len(counted)
     result.seconds = time.monotonic() - started
     log.event(LOG, "canary decided", model=watch.model, version=watch.candidate, decision=result.decision)
     return result
+
+
+def _rounds(watch: Watch, canary: list[Replica], baseline: list[Replica], settings: CanarySettings) -> Iterator[dict]:
+    """Every `round_s` seconds, the round's figures per side; CanaryFault when the canary cannot be measured."""
+    before = _read(canary + baseline)
+    _check_canary(watch, canary, before, before)
+    while True:
+        time.sleep(settings.round_s)
+        after = _read(canary + baseline)
+        _check_canary(watch, canary, before, after)
+        yield _round(watch, canary, baseline, before, after, settings)
+        before = after
+
+
+def _calibrate(
+    watch: Watch,
+    canary: list[Replica],
+    baseline: list[Replica],
+    settings: CanarySettings,
+    result: CanaryResult,
+    progress: Progress | None,
+) -> list[tuple[Side, Side]]:
+    """`min_rounds` counted rounds before the switch (within `max_bake_s`): how the canary replicas compare with
+    the others when both serve the stable version. Replicas differ on their own (another node, another core)."""
+    started, counted = time.monotonic(), []
+    for figures in _rounds(watch, canary, baseline, settings):
+        result.calibration.append(figures)
+        if figures["counted"]:
+            counted.append((Side(**figures["canary"]), Side(**figures["baseline"])))
+        elapsed = time.monotonic() - started
+        if progress:
+            progress(f"canary before the switch, round {len(result.calibration)}: {len(counted)} counted")
+        if len(counted) >= settings.min_rounds:
+            return counted
+        if elapsed + settings.round_s > settings.max_bake_s:
+            result.reasons = [
+                f"too few live requests before the switch: {len(counted)} of {len(result.calibration)} rounds had "
+                f"{settings.min_requests} or more on each side, {settings.min_rounds} are needed"
+            ]
+            result.stopped = "nothing was switched: the replicas could not be compared"
+            return counted
+    raise AssertionError("unreachable")  # _rounds never ends by itself
+
+
+def _bake(
+    watch: Watch,
+    canary: list[Replica],
+    baseline: list[Replica],
+    settings: CanarySettings,
+    reference: list[tuple[Side, Side]],
+    result: CanaryResult,
+    progress: Progress | None,
+) -> None:
+    started, counted = time.monotonic(), []
+    for figures in _rounds(watch, canary, baseline, settings):
+        result.rounds.append(figures)
+        if len(result.rounds) == 1:  # a freshly loaded version meets each new input shape for the first time
+            figures["counted"], figures["note"] = False, "warm-up: the first round after the switch is not counted"
+        if figures["counted"]:
+            counted.append((Side(**figures["canary"]), Side(**figures["baseline"])))
+        result.counted_rounds = len(counted)
+        elapsed = time.monotonic() - started
+        if progress:
+            progress(f"canary round {len(result.rounds)}: {len(counted)} counted, {elapsed:.0f} s")
+        if len(counted) >= settings.min_rounds:
+            found = effects(counted, reference, settings)
+            result.effects = [e.to_dict() for e in found]
+            decided = gate_stats.judge(found)
+            if decided != "undecided":
+                result.decision = decided
+                result.reasons = [e.describe() for e in found]
+                result.stopped = f"decided after {len(counted)} counted rounds"
+                return
+        if elapsed + settings.round_s > settings.max_bake_s:
+            result.reasons = _undecided(result, len(counted), settings)
+            result.stopped = f"the longest bake ({settings.max_bake_s:g} s) was spent"
+            return
 
 
 def canary_count(
@@ -245,34 +308,41 @@ def _round(
     }
 
 
-def effects(rounds: list[tuple[Side, Side]], settings: CanarySettings) -> list[gate_stats.Effect]:
-    """One Effect per limit that applies, over the counted rounds (canary, stable)."""
+def effects(
+    rounds: list[tuple[Side, Side]], reference: list[tuple[Side, Side]], settings: CanarySettings
+) -> list[gate_stats.Effect]:
+    """One Effect per limit that applies, over the counted rounds (canary, stable) after the switch. A relative
+    effect is the canary's standing against the stable replicas after the switch less its standing before it
+    (`reference`, both sides on stable): what the candidate changed, not what sets the replicas apart."""
     out: list[gate_stats.Effect] = []
+    confidence = settings.confidence
 
-    def add(name: str, values: list[float], limit: float, higher_is_worse: bool, unit: str, kind: str) -> None:
-        if kind == "difference":  # failures: no log, nothing trimmed
-            mean, low, high = gate_stats.trimmed_interval(np.array(values), settings.confidence, trim=0.0)
-        else:
-            mean, low, high = (np.exp(v) for v in gate_stats.trimmed_interval(np.log(values), settings.confidence))
-            if kind == "ratio":
-                mean, low, high = mean - 1, low - 1, high - 1
-        out.append(gate_stats.Effect(name, mean, low, high, limit, higher_is_worse, unit))  # type: ignore[arg-type]
+    def ratio(name: str, after: list[tuple[float, float]], before: list[tuple[float, float]], limit: float) -> None:
+        logs = [np.log([c / b for c, b in pairs]) for pairs in (after, before)]
+        mean, low, high = (np.exp(v) - 1 for v in gate_stats.trimmed_difference(*logs, confidence))
+        out.append(gate_stats.Effect(name, mean, low, high, limit / 100, True, "%"))
+
+    def absolute(name: str, values: list[float], limit: float) -> None:
+        mean, low, high = (np.exp(v) for v in gate_stats.trimmed_interval(np.log(values), confidence))
+        out.append(gate_stats.Effect(name, mean, low, high, limit, True, "ms"))
 
     # a side whose every request failed has no latency: the canary's counts as extreme (failures decide it)
-    latency = [(c.mean_ms or NO_LATENCY_MS, b.mean_ms or NO_LATENCY_MS) for c, b in rounds]
-    p99s = [(c.p99_ms, b.p99_ms) for c, b in rounds]
-    with_p99 = settings.p99_decides and all(c is not None and b is not None for c, b in p99s)
+    latency = [[(c.mean_ms or NO_LATENCY_MS, b.mean_ms or NO_LATENCY_MS) for c, b in r] for r in (rounds, reference)]
+    p99s = [[(c.p99_ms, b.p99_ms) for c, b in r] for r in (rounds, reference)]
+    with_p99 = settings.p99_decides and all(c is not None and b is not None for c, b in p99s[0] + p99s[1])
     if settings.max_latency_ms:
-        add("canary mean latency", [c for c, _ in latency], settings.max_latency_ms, True, "ms", "absolute")
+        absolute("canary mean latency", [c for c, _ in latency[0]], settings.max_latency_ms)
     if settings.max_p99_ms and with_p99:
-        add("canary p99", [c for c, _ in p99s], settings.max_p99_ms, True, "ms", "absolute")
+        absolute("canary p99", [c for c, _ in p99s[0]], settings.max_p99_ms)  # type: ignore[misc]
     if settings.max_latency_regression_pct:
-        add("mean latency", [c / b for c, b in latency], settings.max_latency_regression_pct / 100, True, "%", "ratio")
+        ratio("mean latency", *latency, settings.max_latency_regression_pct)
     if settings.max_p99_regression_pct and with_p99:
-        add("p99", [c / b for c, b in p99s], settings.max_p99_regression_pct / 100, True, "%", "ratio")
-    if settings.max_failure_increase_pct:
-        shares = [c.failure_share - b.failure_share for c, b in rounds]
-        add("failed requests", shares, settings.max_failure_increase_pct / 100, True, "%", "difference")
+        ratio("p99", *p99s, settings.max_p99_regression_pct)  # type: ignore[arg-type]
+    if settings.max_failure_increase_pct:  # percentage points: no logs, nothing trimmed
+        shares = [np.array([c.failure_share - b.failure_share for c, b in r]) for r in (rounds, reference)]
+        mean, low, high = gate_stats.trimmed_difference(*shares, confidence, trim=0.0)
+        limit = settings.max_failure_increase_pct / 100
+        out.append(gate_stats.Effect("failed requests", mean, low, high, limit, True, "%"))
     return out
 
 

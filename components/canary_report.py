@@ -36,12 +36,15 @@ def summary(result: CanaryResult) -> str:
 
 
 def round_rows(result: CanaryResult) -> list[tuple[str, ...]]:
+    """The rounds before the switch ("before 1", ...: both sides on stable), then those after it (1, 2, ...)."""
+    labelled = [(f"before {i}", r) for i, r in enumerate(result.calibration, 1)]
+    labelled += [(str(i), r) for i, r in enumerate(result.rounds, 1)]
     rows = []
-    for i, r in enumerate(result.rounds, 1):
+    for label, r in labelled:
         sides: list[Any] = [r["canary"], r["baseline"]]
         rows.append(
             (
-                str(i),
+                label,
                 "yes" if r["counted"] else f"no: {r['note']}",
                 *(
                     cell
@@ -68,7 +71,8 @@ def _how(result: CanaryResult) -> str:
     return (
         f"Canary {', '.join(result.canary_replicas) or '-'} against stable {', '.join(result.baseline_replicas) or '-'} "
         f"on live traffic, rounds of {s.get('round_s', 0):g} s, at least {s.get('min_requests', 0)} requests a side; "
-        f"{p99}. {result.stopped or ''} Outcome: {result.outcome or '-'}."
+        f"relative effects are the change from the {len(result.calibration)} rounds before the switch (both sides on "
+        f"stable) to those after it; {p99}. {result.stopped or ''} Outcome: {result.outcome or '-'}."
     )
 
 
@@ -80,7 +84,7 @@ def markdown(result: CanaryResult) -> str:
         "",
         *[f"- {reason}" for reason in result.reasons],
     ]
-    if result.rounds:
+    if result.calibration or result.rounds:
         lines += ["", f"| {' | '.join(ROUND_HEADER)} |", "|" + " --- |" * len(ROUND_HEADER)]
         lines += [f"| {' | '.join(row)} |" for row in round_rows(result)]
     return "\n".join(lines) + "\n"

@@ -174,6 +174,20 @@ def trimmed_interval(
     return mean, mean - half, mean + half
 
 
+def trimmed_difference(
+    values: np.ndarray, reference: np.ndarray, confidence: float = CONFIDENCE, trim: float = TRIM
+) -> tuple[float, float, float]:
+    """The trimmed mean of `values` less that of an independent `reference` sample, and Yuen's two-sample
+    interval around it (Welch's, with `trim` 0): both samples' errors widen it, with Welch's degrees of freedom."""
+    mean = float(stats.trim_mean(values, trim) - stats.trim_mean(reference, trim))
+    if min(len(x) - 2 * int(trim * len(x)) for x in (values, reference)) < 2:
+        return mean, float("-inf"), float("inf")
+    low, high = stats.ttest_ind(values, reference, equal_var=False, trim=trim).confidence_interval(confidence)
+    if np.isnan(low):  # nothing varies on either side (no failures anywhere, say): the difference is exact
+        return mean, mean, mean
+    return mean, float(low), float(high)
+
+
 def _log(values: list[float | None]) -> np.ndarray:
     """Logs of per-round figures; a round with nothing measured counts as extreme (1000x), not as absent."""
     return np.log([min(max(v, 1e-3), 1e3) if v is not None and np.isfinite(v) else 1e3 for v in values])

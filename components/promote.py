@@ -10,8 +10,8 @@ Promote (only on a `pass` verdict):
 4. if any replica fails: write the previous desired state back, reload every replica to it, fail;
 5. unload the candidate from the gate server.
 
-With a canary (components/canary.py) the first replicas are switched before step 2 and measured against
-the others on live traffic; the desired state changes only once the canary passes, so a pod restarting
+With a canary (components/canary.py) the first replicas are compared with the others on live traffic while all
+still serve the stable version, then switched before step 2 and measured against them again; the desired state changes only once the canary passes, so a pod restarting
 during the bake comes up on the stable version. A canary that fails reverts the switched replicas.
 
 An ensemble release (components/ensemble.py) does the same for its members and the ensemble together:
@@ -180,9 +180,14 @@ def _promote(
     member_state: dict[str, tuple[model_config.ModelConfig | None, str | None]] = {}
     member_etags: dict[str, str] = {}
     new_etag: str | None = None  # set once the desired state names the new version
+    switched: list[int] = []  # indexes of the replicas that serve the new version
+
+    def switch(indexes: range) -> None:
+        for i in indexes:
+            result.load_seconds.append(_switch_one(repo, replicas[i], admins[i], release, progress))
+            switched.append(i)
+
     try:
-        for replica, admin in zip(replicas[:first], admins[:first], strict=True):
-            result.load_seconds.append(_switch_one(repo, replica, admin, release, progress))
         if first:
             assert canary is not None and previous_version is not None
             watch = Watch(model, version, previous_version, dict.fromkeys(configs, (version, old_members)))
@@ -191,6 +196,7 @@ def _promote(
                 replicas[:first],
                 replicas[first:],
                 canary,
+                lambda: switch(range(first)),
                 lambda what: progress(what, replicas[0]) if progress else None,
             )
             decide(result.canary, canary)
@@ -201,8 +207,7 @@ def _promote(
             m.name: repo.write_desired_config(m.name, m, member_state[m.name][1]) for m in release.members_beside_old()
         }
         new_etag = repo.write_desired_config(model, config, etag)
-        for replica, admin in zip(replicas[first:], admins[first:], strict=True):
-            result.load_seconds.append(_switch_one(repo, replica, admin, release, progress))
+        switch(range(len(switched), len(replicas)))  # an inconclusive canary may go on before any switch
     except TritonshipError as exc:
         result.problems.append(str(exc))
         _revert(repo, release, admins, previous, new_etag, member_state, member_etags, result)

@@ -290,7 +290,8 @@ class CanaryResult(Result):
     canary_replicas: list[str] = field(default_factory=list)
     baseline_replicas: list[str] = field(default_factory=list)
     effects: list[dict[str, Any]] = field(default_factory=list)
-    rounds: list[dict[str, Any]] = field(default_factory=list)  # canary_live.CanaryRound's
+    calibration: list[dict[str, Any]] = field(default_factory=list)  # rounds before the switch, all on stable
+    rounds: list[dict[str, Any]] = field(default_factory=list)  # rounds after it (components/canary.py _round)
     counted_rounds: int = 0
     seconds: float = 0.0
     stopped: str = ""

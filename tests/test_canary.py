@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from components.canary import Side, effects
 from components.canary_settings import CanarySettings
+from components.gate_stats import judge
 from components.promote import CanaryRejected, promote
 from components.publish import publish
 from components.replicas import Replica
@@ -22,6 +24,38 @@ from tests.release_helpers import SteadyClient, install_stable, replicas, reposi
 # at a time (benchmarks/canary_quality.py measures it); the slow candidate below is several times slower.
 QUICK = CanarySettings(round_s=1.0, max_bake_s=20.0, min_requests=20, max_latency_regression_pct=100.0)
 LIVE = {"tokens": np.random.default_rng(3).integers(1, 50, size=(1, 96)).astype(np.int64)}  # long, not the opt
+
+
+def _rounds(rng: np.random.Generator, n: int, replica_bias: float, candidate: float) -> list[tuple[Side, Side]]:
+    """n rounds of (canary, stable) on a machine whose canary replica is `replica_bias` times slower by itself and
+    serves a candidate `candidate` times slower than stable, each round with 2% noise on each side."""
+    return [
+        (
+            Side(100, 0, 2.0 * replica_bias * candidate * rng.lognormal(0, 0.02), None),
+            Side(100, 0, 2.0 * rng.lognormal(0, 0.02), None),
+        )
+        for _ in range(n)
+    ]
+
+
+@pytest.mark.parametrize(("candidate", "decision"), [(1.0, "pass"), (1.3, "fail")])
+def test_the_effects_are_what_the_switch_changed_not_what_sets_the_replicas_apart(candidate, decision):
+    rng = np.random.default_rng(0)
+    settings = CanarySettings(round_s=1, max_bake_s=30)
+    before = _rounds(rng, 5, replica_bias=1.15, candidate=1.0)  # both replicas on stable: prod-0 is 15% slower
+    found = effects(_rounds(rng, 8, replica_bias=1.15, candidate=candidate), before, settings)
+    latency = next(e for e in found if e.name == "mean latency")
+    assert abs(latency.estimate - (candidate - 1)) < 0.08 and judge(found) == decision
+    # without the rounds before the switch the replica's own 15% would fail an equal candidate
+    assert effects(_rounds(rng, 8, 1.15, 1.0), _rounds(rng, 5, 1.0, 1.0), settings)[0].low > 0.10
+
+
+def test_failed_requests_compare_with_the_failures_before_the_switch():
+    settings = CanarySettings(round_s=1, max_bake_s=30, max_latency_regression_pct=None)
+    quiet = [(Side(100, 0, 2.0, None), Side(100, 0, 2.0, None))] * 5
+    assert judge(effects(quiet, quiet, settings)) == "pass"  # no failure anywhere: exactly no change
+    failing = [(Side(100, 5, 2.0, None), Side(100, 0, 2.0, None))] * 5
+    assert judge(effects(failing, quiet, settings)) == "fail"
 
 
 def _staged(stack: EmbeddedStack, folder) -> int:
@@ -68,6 +102,7 @@ def test_an_equal_candidate_passes_the_canary_and_reaches_every_replica_with_no_
     canary = result.canary
     assert canary.decision == "pass" and canary.outcome == "promoted"
     assert canary.canary_replicas == ["prod-0"] and canary.baseline_replicas == ["prod-1"]
+    assert len(canary.calibration) >= QUICK.min_rounds and all(r["counted"] for r in canary.calibration[-5:])
     assert canary.counted_rounds >= QUICK.min_rounds and len(canary.rounds) > canary.counted_rounds
     assert canary.rounds[0]["note"].startswith("warm-up")
     assert {e["name"] for e in canary.effects} == {"mean latency", "failed requests"}  # 1 s rounds: p99 reported only
@@ -118,6 +153,7 @@ def test_no_live_traffic_is_inconclusive_and_the_policy_decides(tmp_path, stack,
         result = _promote(stack, name, version, settings)
         assert result.promoted and _served(stack, name) == [version, version]
     assert result.canary.decision == "inconclusive" and result.canary.counted_rounds == 0
+    assert result.canary.rounds == [] and "nothing was switched" in result.canary.stopped
     assert result.canary.outcome == ("reverted" if policy == "revert" else "promoted")
 
 
