@@ -182,8 +182,10 @@ def trimmed_difference(
     mean = float(stats.trim_mean(values, trim) - stats.trim_mean(reference, trim))
     if min(len(x) - 2 * int(trim * len(x)) for x in (values, reference)) < 2:
         return mean, float("-inf"), float("inf")
+    if np.ptp(values) == 0 and np.ptp(reference) == 0:  # nothing varies (no failures anywhere, say): exact
+        return mean, mean, mean
     low, high = stats.ttest_ind(values, reference, equal_var=False, trim=trim).confidence_interval(confidence)
-    if np.isnan(low):  # nothing varies on either side (no failures anywhere, say): the difference is exact
+    if np.isnan(low):  # what varied was trimmed away on both sides
         return mean, mean, mean
     return mean, float(low), float(high)
 

@@ -4,6 +4,7 @@ gate measures at). Which version answered and every failure are counted."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -24,16 +25,27 @@ def live_request(rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 
 class LiveTraffic:
-    """Background clients, one per replica, at `rate_hz` each, inside a `with` block."""
+    """Background clients, one per replica, at `rate_hz` each, inside a `with` block. With `cpus` (one set per
+    url), each client runs on its replica's CPUs: it waits while its request is served, so on a machine whose
+    replicas share the cores with the clients every replica shares its own with the same load (left to the
+    scheduler, the clients settle on one core for tens of seconds, and that replica serves slower meanwhile)."""
 
-    def __init__(self, urls: list[str], model: str, rate_hz: float = 30.0) -> None:
+    def __init__(
+        self, urls: list[str], model: str, rate_hz: float = 30.0, cpus: list[frozenset[int] | None] | None = None
+    ) -> None:
         self.model, self.period = model, 1 / rate_hz
         self.versions: Counter[int] = Counter()
         self.failures: list[str] = []
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(u, i), daemon=True) for i, u in enumerate(urls)]
+        pinned = cpus or [None] * len(urls)
+        self._threads = [
+            threading.Thread(target=self._run, args=(u, i, c), daemon=True)
+            for i, (u, c) in enumerate(zip(urls, pinned, strict=True))
+        ]
 
-    def _run(self, url: str, seed: int) -> None:
+    def _run(self, url: str, seed: int, cpus: frozenset[int] | None) -> None:
+        if cpus:
+            os.sched_setaffinity(0, cpus)  # on Linux, 0 is the calling thread
         rng = np.random.default_rng(seed)
         with TritonAdmin(url, timeout=30, retries=1) as admin:
             while not self._stop.is_set():

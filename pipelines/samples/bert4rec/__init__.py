@@ -304,7 +304,7 @@ def compiled_folder(
     tolerance: Tolerance | None = None,
     golden: dict[str, np.ndarray] | None = None,
 ) -> Path:
-    """This module's `factory` through the export and compile steps (TorchScript for Triton's PyTorch
+    """This module's `factory` (or any "module:function") through the export and compile steps (TorchScript for Triton's PyTorch
     backend, on `device` at `precision`, checked at `tolerance`): the model folder `out`, named as it."""
     from components.compile import compile_model
     from components.export import export
@@ -315,7 +315,7 @@ def compiled_folder(
         if golden is not None:
             np.savez(work / "golden.npz", **golden)
         export(
-            f"pipelines.samples.bert4rec:{factory}",
+            factory if ":" in factory else f"pipelines.samples.bert4rec:{factory}",
             work / "signature.json",
             work / "export",
             golden=work / "golden.npz" if golden is not None else None,
