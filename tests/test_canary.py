@@ -19,9 +19,9 @@ from pipelines.stack import EmbeddedStack
 from tests.models import sequence_folder
 from tests.release_helpers import SteadyClient, install_stable, replicas, repository, unique
 
-# Short rounds and a far-off latency limit: tests of the canary's machinery, not of its statistics. Here the two
-# replicas share two cores with the client, and one serves up to 40% slower than the other for tens of seconds
-# at a time (benchmarks/canary_quality.py measures it); the slow candidate below is several times slower.
+# Short rounds and a far-off latency limit: tests of the canary's machinery, not of its statistics (which
+# benchmarks/canary_quality.py measures). Rounds of 1 s with a few dozen requests move by tens of percent by
+# themselves on this machine; the slow candidate below is several times slower.
 QUICK = CanarySettings(round_s=1.0, max_bake_s=20.0, min_requests=20, max_latency_regression_pct=100.0)
 LIVE = {"tokens": np.random.default_rng(3).integers(1, 50, size=(1, 96)).astype(np.int64)}  # long, not the opt
 
