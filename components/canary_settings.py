@@ -9,8 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, get_args
 
-from components import gate_stats
-from components.settings import DEFAULT_MAX_REGRESSION_PCT, Parameter, refuse_invalid, typed_flat
+from components.settings import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_MAX_REGRESSION_PCT,
+    DEFAULT_MIN_ROUNDS,
+    Parameter,
+    refuse_invalid,
+    typed_flat,
+)
 
 OnInconclusive = Literal["revert", "promote"]
 ON_INCONCLUSIVE: tuple[str, ...] = get_args(OnInconclusive)
@@ -32,7 +38,7 @@ CANARY_PARAMETERS: dict[str, Parameter] = {
     "canary_max_bake_s": Parameter(
         DEFAULT_MAX_BAKE_S, "seconds of live traffic after which an undecided canary is inconclusive"
     ),
-    "canary_min_rounds": Parameter(gate_stats.MIN_ROUNDS, "rounds with enough live requests before any decision"),
+    "canary_min_rounds": Parameter(DEFAULT_MIN_ROUNDS, "rounds with enough live requests before any decision"),
     "canary_min_requests": Parameter(
         DEFAULT_MIN_REQUESTS, "live requests the canary and the stable replicas each serve for a round to count"
     ),
@@ -65,7 +71,7 @@ class CanarySettings:
     replicas: int = DEFAULT_CANARY_REPLICAS
     round_s: float = DEFAULT_ROUND_S
     max_bake_s: float = DEFAULT_MAX_BAKE_S
-    min_rounds: int = gate_stats.MIN_ROUNDS
+    min_rounds: int = DEFAULT_MIN_ROUNDS
     min_requests: int = DEFAULT_MIN_REQUESTS
     max_latency_regression_pct: float | None = DEFAULT_MAX_REGRESSION_PCT
     max_p99_regression_pct: float | None = DEFAULT_MAX_REGRESSION_PCT
@@ -73,7 +79,7 @@ class CanarySettings:
     max_latency_ms: float | None = None
     max_p99_ms: float | None = None
     on_inconclusive: OnInconclusive = DEFAULT_ON_INCONCLUSIVE
-    confidence: float = gate_stats.CONFIDENCE
+    confidence: float = DEFAULT_CONFIDENCE
 
     def __post_init__(self) -> None:
         limits = ("max_latency_regression_pct", "max_p99_regression_pct", "max_failure_increase_pct")
@@ -83,8 +89,8 @@ class CanarySettings:
             [
                 f"canary_replicas must be at least 1, not {self.replicas}" if self.replicas < 1 else "",
                 f"canary_round_s must be at least 0.5, not {self.round_s}" if self.round_s < 0.5 else "",
-                f"canary_min_rounds must be at least {gate_stats.MIN_ROUNDS}, not {self.min_rounds}"
-                if self.min_rounds < gate_stats.MIN_ROUNDS
+                f"canary_min_rounds must be at least {DEFAULT_MIN_ROUNDS}, not {self.min_rounds}"
+                if self.min_rounds < DEFAULT_MIN_ROUNDS
                 else "",
                 f"canary_max_bake_s ({self.max_bake_s:g}) must give a warm-up round and canary_min_rounds rounds of canary_round_s"
                 if self.max_bake_s < (self.min_rounds + 1) * self.round_s

@@ -39,11 +39,11 @@ from components.settings import (
     DEFAULT_TARGET,
     DEFAULT_TENSORRT_OPT_BATCH,
     DEFAULT_TENSORRT_WORKSPACE_GB,
+    TARGETS,
     Precision,
     Target,
 )
 from components.signature import FLOAT_DTYPES, POINTS, Signature
-from components.step_settings import TARGETS
 
 LOG = log.get("compile")
 COMPILE_IMAGE_HINT = "run the compile step in the compile image (images/compile.Dockerfile, NGC pytorch:<YY.MM>-py3)"

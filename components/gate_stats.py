@@ -45,8 +45,8 @@ from typing import Literal
 import numpy as np
 from scipy import stats
 
-MIN_ROUNDS = 5  # fewer rounds leave the interval's own error too large to stop on (and nothing to trim)
-CONFIDENCE = 0.90
+from components.settings import DEFAULT_CONFIDENCE, Limits
+
 TRIM = 0.2  # share of rounds set aside at each end
 
 Status = Literal["within", "beyond", "straddles"]
@@ -146,18 +146,8 @@ class Effect:
         return {**self.__dict__, "status": self.status, "text": self.describe()}
 
 
-@dataclass(frozen=True)
-class Limits:
-    """The limits that apply to one decision; None is off. Relative ones are fractions (0.10 = 10%)."""
-
-    max_p99_ms: float | None = None
-    min_throughput: float | None = None
-    max_p99_increase: float | None = None
-    max_throughput_drop: float | None = None
-
-
 def trimmed_interval(
-    values: np.ndarray, confidence: float = CONFIDENCE, trim: float = TRIM
+    values: np.ndarray, confidence: float = DEFAULT_CONFIDENCE, trim: float = TRIM
 ) -> tuple[float, float, float]:
     """The trimmed mean of `values` (20% at each end by default) and Yuen's t-interval around it; with `trim`
     0, the mean and Student's t-interval."""
@@ -175,7 +165,7 @@ def trimmed_interval(
 
 
 def trimmed_difference(
-    values: np.ndarray, reference: np.ndarray, confidence: float = CONFIDENCE, trim: float = TRIM
+    values: np.ndarray, reference: np.ndarray, confidence: float = DEFAULT_CONFIDENCE, trim: float = TRIM
 ) -> tuple[float, float, float]:
     """The trimmed mean of `values` less that of an independent `reference` sample, and Yuen's two-sample
     interval around it (Welch's, with `trim` 0): both samples' errors widen it, with Welch's degrees of freedom."""
@@ -201,7 +191,9 @@ def _ratios(candidate: list[float | None], stable: list[float | None]) -> list[f
     ]
 
 
-def effects(candidate: Rounds, stable: Rounds | None, limits: Limits, confidence: float = CONFIDENCE) -> list[Effect]:
+def effects(
+    candidate: Rounds, stable: Rounds | None, limits: Limits, confidence: float = DEFAULT_CONFIDENCE
+) -> list[Effect]:
     """One Effect per limit that applies. `stable` (paired round by round) is needed for relative limits."""
     if len(candidate) == 0 or not candidate.requests:
         return []

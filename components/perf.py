@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from components import admin_key, log
-from components.settings import DEFAULT_WINDOW_MS
+from components.settings import LoadSettings
 from components.tools import find_perf_analyzer
 
 LOG = log.get("perf")
@@ -164,23 +164,6 @@ def parse_csv(text: str) -> list[LoadPoint]:
             )
         )
     return points
-
-
-@dataclass(frozen=True)
-class LoadSettings:
-    """How perf_analyzer loads the server."""
-
-    concurrency: int = 1
-    request_rate: float | None = None  # if set, a fixed request rate instead of concurrency
-    window_ms: int = DEFAULT_WINDOW_MS
-    stability_pct: float = 20.0
-    max_trials: int = 10
-    percentile: int | None = None  # stabilise on this latency percentile; None: on average latency
-    batch_size: int = 1
-    protocol: str = "http"
-    # client threads at a fixed request rate (None: rate_threads); perf_analyzer's own default (4 synchronous
-    # HTTP threads) cannot send more than about 1,000 requests/s whatever the rate asked (measured on the H200)
-    max_threads: int | None = None
 
 
 def rate_threads(rate: float) -> int:

@@ -8,12 +8,7 @@ every form (None is off too, from Python)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
-
-from components import gate_stats
-
-if TYPE_CHECKING:
-    from components import perf
+from typing import Any, Literal, get_args
 
 Design = Literal["duet", "alternating"]
 DESIGNS: tuple[Design, ...] = ("duet", "alternating")
@@ -21,11 +16,15 @@ DESIGNS: tuple[Design, ...] = ("duet", "alternating")
 ExportMethod = Literal["auto", "export", "script", "trace"]  # auto: torch.export, then TorchScript
 Target = Literal["torchscript", "tensorrt"]
 Precision = Literal["fp32", "fp16", "bf16"]
+TARGETS: tuple[str, ...] = get_args(Target)
 
 DEFAULT_CONCURRENCY = 1
 DEFAULT_WINDOW_MS = 1000
 DEFAULT_DESIGN: Design = "duet"
-DEFAULT_MIN_ROUNDS = gate_stats.MIN_ROUNDS
+# the gate's and the canary's statistics (components/gate_stats.py): fewer rounds leave the interval's own error
+# too large to stop on (and nothing to trim); intervals are two-sided at this confidence
+DEFAULT_MIN_ROUNDS = 5
+DEFAULT_CONFIDENCE = 0.90
 DEFAULT_BUDGET_S = 120.0
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_PERF_TIMEOUT_S = 120.0  # gate, tune: one perf_analyzer run's limit before it counts as failed
@@ -129,6 +128,33 @@ GATE_PARAMETERS: dict[str, Parameter] = {
 
 
 @dataclass(frozen=True)
+class Limits:
+    """The limits that apply to one decision; None is off. Relative ones are fractions (0.10 = 10%)."""
+
+    max_p99_ms: float | None = None
+    min_throughput: float | None = None
+    max_p99_increase: float | None = None
+    max_throughput_drop: float | None = None
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """How perf_analyzer loads the server."""
+
+    concurrency: int = 1
+    request_rate: float | None = None  # if set, a fixed request rate instead of concurrency
+    window_ms: int = DEFAULT_WINDOW_MS
+    stability_pct: float = 20.0
+    max_trials: int = 10
+    percentile: int | None = None  # stabilise on this latency percentile; None: on average latency
+    batch_size: int = 1
+    protocol: str = "http"
+    # client threads at a fixed request rate (None: rate_threads); perf_analyzer's own default (4 synchronous
+    # HTTP threads) cannot send more than about 1,000 requests/s whatever the rate asked (measured on the H200)
+    max_threads: int | None = None
+
+
+@dataclass(frozen=True)
 class Thresholds:
     """Limits; None is off. Relative ones are percent against the stable version."""
 
@@ -150,9 +176,9 @@ class Thresholds:
     def absolute(self) -> bool:
         return self.max_p99_ms is not None or self.min_throughput is not None
 
-    def limits(self, with_stable: bool) -> gate_stats.Limits:
+    def limits(self, with_stable: bool) -> Limits:
         pct = lambda v: None if v is None or not with_stable else v / 100  # noqa: E731
-        return gate_stats.Limits(
+        return Limits(
             self.max_p99_ms,
             self.min_throughput,
             pct(self.max_p99_regression_pct),
@@ -170,7 +196,7 @@ class GateSettings:
     min_rounds: int = DEFAULT_MIN_ROUNDS
     budget_s: float = DEFAULT_BUDGET_S  # the whole decision's seconds after which an undecided gate is inconclusive
     max_attempts: int = DEFAULT_MAX_ATTEMPTS  # perf_analyzer runs per round before the round counts as lost
-    confidence: float = gate_stats.CONFIDENCE
+    confidence: float = DEFAULT_CONFIDENCE
     perf_timeout_s: float = DEFAULT_PERF_TIMEOUT_S
 
     def __post_init__(self) -> None:
@@ -182,8 +208,8 @@ class GateSettings:
                 f"design must be one of {', '.join(DESIGNS)}, not {self.design!r}"
                 if self.design not in DESIGNS
                 else "",
-                f"min_rounds must be at least {gate_stats.MIN_ROUNDS}, not {self.min_rounds}"
-                if self.min_rounds < gate_stats.MIN_ROUNDS
+                f"min_rounds must be at least {DEFAULT_MIN_ROUNDS}, not {self.min_rounds}"
+                if self.min_rounds < DEFAULT_MIN_ROUNDS
                 else "",
                 f"budget_s must be positive, not {self.budget_s}" if self.budget_s <= 0 else "",
                 f"max_attempts must be at least 1, not {self.max_attempts}" if self.max_attempts < 1 else "",
@@ -214,10 +240,8 @@ class GateSettings:
         return {name: (0.0 if value is None else value) for name, value in flat.items()}
 
     @property
-    def load(self) -> perf.LoadSettings:
-        from components import perf
-
-        return perf.LoadSettings(
+    def load(self) -> LoadSettings:
+        return LoadSettings(
             concurrency=self.concurrency,
             request_rate=self.request_rate,
             window_ms=self.window_ms,

@@ -10,7 +10,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, get_args
 
-from components import perf
 from components.canary_settings import CANARY_PARAMETERS, CanarySettings
 from components.settings import (
     DEFAULT_CLEANUP_GRACE_S,
@@ -32,8 +31,10 @@ from components.settings import (
     DEFAULT_WINDOW_MS,
     GATE_PARAMETERS,
     RELAXED_STABILITY_PCT,
+    TARGETS,
     ExportMethod,
     GateSettings,
+    LoadSettings,
     Parameter,
     Precision,
     Target,
@@ -42,7 +43,6 @@ from components.settings import (
 )
 
 EXPORT_METHODS: tuple[str, ...] = get_args(ExportMethod)
-TARGETS: tuple[str, ...] = get_args(Target)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
@@ -244,8 +244,8 @@ def _counts(text: str, name: str) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class TuneSettings:
     # perf_analyzer's stability check relaxed, as the gate's: a busy machine's noise must not lose a trial
-    load: perf.LoadSettings = field(
-        default_factory=lambda: perf.LoadSettings(concurrency=DEFAULT_CONCURRENCY, stability_pct=RELAXED_STABILITY_PCT)
+    load: LoadSettings = field(
+        default_factory=lambda: LoadSettings(concurrency=DEFAULT_CONCURRENCY, stability_pct=RELAXED_STABILITY_PCT)
     )
     max_p99_ms: float | None = None
     p99_slack_pct: float = DEFAULT_TUNE_P99_SLACK_PCT
@@ -275,10 +275,10 @@ class TuneSettings:
         )
 
     @classmethod
-    def from_flat(cls, load: perf.LoadSettings | None = None, **flat: Any) -> TuneSettings:
+    def from_flat(cls, load: LoadSettings | None = None, **flat: Any) -> TuneSettings:
         """From TUNE_PARAMETERS' flat form; `load` (the gate's, in the pipeline) replaces the load's names."""
         values = typed_flat(TUNE_PARAMETERS, flat, "tune")
-        load = load or perf.LoadSettings(
+        load = load or LoadSettings(
             concurrency=values["concurrency"],
             request_rate=values["request_rate"] or None,
             window_ms=values["window_ms"],

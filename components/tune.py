@@ -43,6 +43,7 @@ from components.model_config import ServingSettings
 from components.repository import ModelRepository, candidate_name
 from components.results import Trial, TuneResult
 from components.s3repo import S3Settings
+from components.settings import LoadSettings
 from components.stage import CandidateVersion, read_candidate
 from components.step_settings import TuneSettings
 from components.triton_admin import TritonAdmin, TritonError
@@ -151,7 +152,7 @@ class GateBench:
     """Loads the candidate with given settings on the gate server and measures it."""
 
     def __init__(
-        self, gate_url: str, candidate: CandidateVersion, load: perf.LoadSettings, timeout: float, metrics_url: str = ""
+        self, gate_url: str, candidate: CandidateVersion, load: LoadSettings, timeout: float, metrics_url: str = ""
     ) -> None:
         self.admin = TritonAdmin(gate_url)
         self.metrics_url = metrics_url

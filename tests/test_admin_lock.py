@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from components import admin_key, perf
 from components.repository import ModelRepository
-from components.settings import RELAXED_STABILITY_PCT
+from components.settings import RELAXED_STABILITY_PCT, LoadSettings
 from components.triton_admin import TritonAdmin, TritonError
 from pipelines.stack import EmbeddedStack
 from tests.models import mlp_folder
@@ -86,7 +86,7 @@ def test_a_stack_with_model_config_open_is_measured_over_grpc_and_still_refuses_
             grpc.unload_model(name)
         grpc.close()
         data = perf.write_input_data(X, tmp_path / "in.json", batched=True)
-        load = perf.LoadSettings(window_ms=1000, stability_pct=RELAXED_STABILITY_PCT, protocol="grpc")
+        load = LoadSettings(window_ms=1000, stability_pct=RELAXED_STABILITY_PCT, protocol="grpc")
         run = perf.measure(server.grpc_url, name, data, load, timeout=120)
         assert run.ok and run.points[0].throughput > 10, run.stderr_tail
         assert TritonAdmin(server.http_url).served_version(name, X, ["y"]) == 1  # still loaded and answering

@@ -10,9 +10,9 @@ import pytest
 
 from components import perf
 from components.gate import measure_sequentially, round_requests
-from components.gate_stats import Effect, Limits, Rounds, effects, judge
+from components.gate_stats import Effect, Rounds, effects, judge
 from components.results import GateResult
-from components.settings import GateSettings, Thresholds
+from components.settings import GateSettings, Limits, Thresholds
 
 WINDOW_NS = 1_000_000_000
 

@@ -15,7 +15,7 @@ import pytest
 
 from components import perf
 from components.model_folder import load_golden
-from components.settings import RELAXED_STABILITY_PCT
+from components.settings import RELAXED_STABILITY_PCT, LoadSettings
 from components.triton_admin import TritonAdmin, TritonError, TritonUnreachable
 from pipelines.processes import pid_alive, port_is_open
 from pipelines.stack import EmbeddedStack
@@ -43,7 +43,7 @@ def test_model_put_in_s3_is_loaded_answers_and_is_measured(stack, s3, tmp_path):
             server.http_url,
             "stack_mlp",
             data,
-            perf.LoadSettings(concurrency=1, window_ms=1000, stability_pct=RELAXED_STABILITY_PCT),
+            LoadSettings(concurrency=1, window_ms=1000, stability_pct=RELAXED_STABILITY_PCT),
         )
         assert run.exit_code == 0, run.stderr_tail
         assert run.ok and len(run.points) == 1
@@ -78,7 +78,7 @@ def test_unreachable_server_is_a_clear_error():
 
 def test_perf_analyzer_against_unreachable_server_is_not_ok(tmp_path):
     data = perf.write_input_data({"x": np.ones((1, 16), np.float32)}, tmp_path / "in.json", batched=True)
-    run = perf.measure(f"127.0.0.1:{_closed_port()}", "m", data, perf.LoadSettings(window_ms=500), timeout=60)
+    run = perf.measure(f"127.0.0.1:{_closed_port()}", "m", data, LoadSettings(window_ms=500), timeout=60)
     assert run.exit_code == 99
     assert not run.ok and "unreachable" in run.reason
 

@@ -13,7 +13,7 @@ from components import perf, report
 from components.model_config import ServingSettings
 from components.publish import publish
 from components.results import Trial, TuneResult
-from components.settings import RELAXED_STABILITY_PCT
+from components.settings import RELAXED_STABILITY_PCT, LoadSettings
 from components.stage import stage
 from components.triton_admin import TritonAdmin
 from components.tune import TuneSettings, grid, search, tune
@@ -21,7 +21,7 @@ from tests.models import mlp_folder
 from tests.release_helpers import repository, unique
 from tests.test_tune import DEFAULT, SPACE, surface
 
-RATE = dataclasses.replace(SPACE, load=perf.LoadSettings(request_rate=150, stability_pct=RELAXED_STABILITY_PCT))
+RATE = dataclasses.replace(SPACE, load=LoadSettings(request_rate=150, stability_pct=RELAXED_STABILITY_PCT))
 
 
 def test_at_a_fixed_rate_the_lowest_p99_among_the_settings_that_keep_up_wins():
@@ -79,14 +79,14 @@ def test_at_a_fixed_rate_one_high_reading_of_the_default_does_not_confirm_a_winn
 def test_a_fixed_rate_gets_client_threads_enough_to_send_it():
     """perf_analyzer's own default, 4 threads, sends about 1,000 requests/s whatever the rate asked."""
 
-    def threads(load: perf.LoadSettings) -> str:
+    def threads(load: LoadSettings) -> str:
         args = perf._arguments("h:1", "m", Path("in.json"), load, "", Path("out"))
         return args[args.index("--max-threads") + 1]
 
-    assert threads(perf.LoadSettings(request_rate=10_000)) == "100"
-    assert threads(perf.LoadSettings(request_rate=50)) == "16"
-    assert threads(perf.LoadSettings(request_rate=10_000, max_threads=8)) == "8"
-    assert "--max-threads" not in perf._arguments("h:1", "m", Path("in.json"), perf.LoadSettings(), "", Path("o"))
+    assert threads(LoadSettings(request_rate=10_000)) == "100"
+    assert threads(LoadSettings(request_rate=50)) == "16"
+    assert threads(LoadSettings(request_rate=10_000, max_threads=8)) == "8"
+    assert "--max-threads" not in perf._arguments("h:1", "m", Path("in.json"), LoadSettings(), "", Path("o"))
 
 
 @pytest.mark.slow
