@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from components.canary_settings import CanarySettings
-from components.promote import CanaryRejected, promote
-from components.publish import publish
-from components.stage import stage
+from components.release.canary_settings import CanarySettings
+from components.release.promote import CanaryRejected, promote
+from components.release.publish import publish
+from components.release.stage import stage
 from pipelines.live_traffic import LiveTraffic
 from pipelines.samples import bert4rec
 from pipelines.stack import EmbeddedStack

@@ -24,9 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components.compile import compile_model
-from components.export import export
-from components.signature import Signature
+from components.model.compile import compile_model
+from components.model.export import export
+from components.model.signature import Signature
 from tests.models import MODELS, write_signature
 
 

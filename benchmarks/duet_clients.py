@@ -24,14 +24,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gate_quality import MODEL, X, busy_cpus
-from components import model_config, perf
-from components.gate import WARM_UP_REQUESTS, round_requests
-from components.publish import publish
+from components.model import model_config
+from components.release.gate import WARM_UP_REQUESTS, round_requests
+from components.release.publish import publish
+from components.release.stage import stage
 from components.repository import ModelRepository, candidate_name
+from components.serving import perf
+from components.serving.tools import shared_client_cpus
+from components.serving.triton_admin import TritonAdmin
 from components.settings import GateSettings
-from components.stage import stage
-from components.tools import shared_client_cpus
-from components.triton_admin import TritonAdmin
 from pipelines.stack import EmbeddedStack
 from tests.models import mlp_folder
 from tests.release_helpers import SteadyClient

@@ -30,8 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.served_points import step_breakdown
-from components import perf
-from components.triton_admin import TritonAdmin
+from components.serving import perf
+from components.serving.triton_admin import TritonAdmin
 from pipelines.samples import bert4rec
 from pipelines.stack import PRODUCTION_PREFIX, EmbeddedStack
 from tests.models import upload_folder

@@ -38,14 +38,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components import model_config, perf
-from components.gate import gate
-from components.promote import unload_candidate
-from components.publish import publish
+from components.model import model_config
+from components.release.gate import gate
+from components.release.promote import unload_candidate
+from components.release.publish import publish
+from components.release.stage import stage
 from components.repository import ModelRepository
+from components.serving import perf
+from components.serving.triton_admin import TritonAdmin
 from components.settings import GateSettings
-from components.stage import stage
-from components.triton_admin import TritonAdmin
 from pipelines.stack import PRODUCTION_PREFIX, EmbeddedStack
 from tests import latency_injection
 from tests.models import mlp_folder, upload_folder
@@ -57,8 +58,8 @@ MODEL = "gq"
 def gpu_model(tmp_path: Path) -> Path:
     """The users' BERT4Rec (pipelines/samples/bert4rec, USERS size) compiled to fp16 TorchScript on the GPU,
     served by Triton's PyTorch backend on a KIND_GPU instance."""
-    from components.compile import compile_model
-    from components.export import export
+    from components.model.compile import compile_model
+    from components.model.export import export
     from pipelines.samples import bert4rec
 
     (tmp_path / "sig.json").write_text(json.dumps(bert4rec.USERS.signatures()["model"]))

@@ -53,18 +53,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.served_points import WINDOW_MS, best_within, plain_model_ms, sweep
-from components import admin_key, ensemble, model_folder, perf
-from components.gate import gate
-from components.model_config import ServingSettings, with_settings
-from components.promote import promote
-from components.publish import publish
-from components.replicas import Replica
+from components.model import ensemble, model_folder
+from components.model.model_config import ServingSettings, with_settings
+from components.release.gate import gate
+from components.release.promote import promote
+from components.release.publish import publish
+from components.release.results import TuneResult
+from components.release.stage import read_candidate, stage
+from components.release.tune import GateBench, TuneSettings, tune
 from components.repository import ModelRepository
-from components.results import TuneResult
+from components.serving import admin_key, perf
+from components.serving.replicas import Replica
+from components.serving.triton_admin import TritonAdmin, TritonError
 from components.settings import RELAXED_STABILITY_PCT, GateSettings, Thresholds
-from components.stage import read_candidate, stage
-from components.triton_admin import TritonAdmin, TritonError
-from components.tune import GateBench, TuneSettings, tune
 from pipelines.samples import bert4rec
 from pipelines.stack import EmbeddedStack
 

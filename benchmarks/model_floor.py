@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.compiled_speed import median_ms
-from components import model_folder
+from components.model import model_folder
 from pipelines.samples import bert4rec
 
 HERE = Path(__file__).parent

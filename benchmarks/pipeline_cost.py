@@ -21,13 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components.compile import compile_model
-from components.export import export
-from components.gate import gate
-from components.promote import promote
-from components.publish import publish
+from components.model.compile import compile_model
+from components.model.export import export
+from components.release.gate import gate
+from components.release.promote import promote
+from components.release.publish import publish
+from components.release.stage import stage
 from components.settings import GateSettings, Thresholds
-from components.stage import stage
 from pipelines.demo import demo_parameters
 from pipelines.local import run_local
 from pipelines.sample_models import SAMPLE_SIGNATURE

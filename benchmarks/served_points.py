@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from benchmarks.compiled_speed import median_ms
-from components import perf, server_metrics
+from components.serving import perf, server_metrics
+from components.serving.triton_admin import TritonAdmin
 from components.settings import RELAXED_STABILITY_PCT
-from components.triton_admin import TritonAdmin
 
 WINDOW_MS = 1000
 WARM_UP_CONCURRENCY = 32  # TorchScript and CUDA pay their start at each new batch size and instance

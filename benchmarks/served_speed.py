@@ -33,12 +33,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components import model_config, perf
-from components.compile import compile_model
-from components.export import export
-from components.model_folder import load_golden
-from components.parity import Tolerance
-from components.triton_admin import TritonAdmin
+from components.model import model_config
+from components.model.compile import compile_model
+from components.model.export import export
+from components.model.model_folder import load_golden
+from components.model.parity import Tolerance
+from components.serving import perf
+from components.serving.triton_admin import TritonAdmin
 from pipelines import sample_models
 from pipelines.samples import bert4rec
 from pipelines.stack import PRODUCTION_PREFIX, EmbeddedStack

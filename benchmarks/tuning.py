@@ -22,13 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components import perf
-from components.compile import compile_model
-from components.export import export
-from components.publish import publish
+from components.model.compile import compile_model
+from components.model.export import export
+from components.release.publish import publish
+from components.release.stage import read_candidate, stage
+from components.release.tune import GateBench, TuneSettings, default_settings, grid, tune
 from components.repository import ModelRepository
-from components.stage import read_candidate, stage
-from components.tune import GateBench, TuneSettings, default_settings, grid, tune
+from components.serving import perf
 from pipelines.stack import EmbeddedStack
 from tests.models import CNN_SIGNATURE, RECOMMENDER_SIGNATURE, write_signature
 

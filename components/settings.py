@@ -1,6 +1,6 @@
 """Every step's named defaults, the flat parameter tables a person sets, and the gate's settings.
 
-A step's table (GATE_PARAMETERS here, the others in components/step_settings.py) is the flat form of its
+A step's table (GATE_PARAMETERS here, the others in components/release/step_settings.py) is the flat form of its
 settings type: the `tritonship` options and the KFP pipeline's parameters take their names, defaults and
 help from it, and tests/test_settings.py checks that the three agree. A limit or rate of 0 is off, in
 every form (None is off too, from Python)."""
@@ -21,7 +21,7 @@ TARGETS: tuple[str, ...] = get_args(Target)
 DEFAULT_CONCURRENCY = 1
 DEFAULT_WINDOW_MS = 1000
 DEFAULT_DESIGN: Design = "duet"
-# the gate's and the canary's statistics (components/gate_stats.py): fewer rounds leave the interval's own error
+# the gate's and the canary's statistics (components/release/gate_stats.py): fewer rounds leave the interval's own error
 # too large to stop on (and nothing to trim); intervals are two-sided at this confidence
 DEFAULT_MIN_ROUNDS = 5
 DEFAULT_CONFIDENCE = 0.90

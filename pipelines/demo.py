@@ -21,7 +21,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from components.triton_admin import TritonAdmin
+from components.serving.triton_admin import TritonAdmin
 from pipelines.live_traffic import LiveTraffic
 from pipelines.local import LocalRun, run_local
 from pipelines.samples import bert4rec
@@ -113,8 +113,8 @@ def canary_line(run: LocalRun) -> str:
     canary = (run.promotion or {}).get("canary")
     if not canary:
         return "no canary"
-    from components import canary_report
-    from components.results import CanaryResult
+    from components.release import canary_report
+    from components.release.results import CanaryResult
 
     return canary_report.summary(CanaryResult.from_json(json.dumps(canary)))
 
@@ -197,7 +197,7 @@ def run_demo(console: Console, workdir: Path | None = None) -> int:
 
 
 def bert4rec_request() -> dict[str, np.ndarray]:
-    from components.signature import Signature
+    from components.model.signature import Signature
 
     return Signature.from_dict(bert4rec.MODEL_SIGNATURE).example_inputs(1, seed=7)
 

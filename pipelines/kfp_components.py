@@ -19,8 +19,8 @@ def export_op(model_source: str, checkpoint: str, signature: str, settings: dict
     import tempfile
     from pathlib import Path
 
-    from components.export import export
-    from components.step_settings import ExportSettings
+    from components.model.export import export
+    from components.release.step_settings import ExportSettings
 
     chosen = ExportSettings.from_flat(**settings["export"])
     with tempfile.TemporaryDirectory() as tmp:
@@ -45,8 +45,8 @@ def export_trained_op(
     import tempfile
     from pathlib import Path
 
-    from components.export import export
-    from components.step_settings import ExportSettings
+    from components.model.export import export
+    from components.release.step_settings import ExportSettings
 
     chosen = ExportSettings.from_flat(**settings["export"])
     source = Path(trained.path)
@@ -76,8 +76,8 @@ def compile_op(
     """Compile for Triton and check parity against the eager model; fails the run on a mismatch."""
     from pathlib import Path
 
-    from components.compile import compile_model
-    from components.step_settings import CompileSettings
+    from components.model.compile import compile_model
+    from components.release.step_settings import CompileSettings
 
     chosen = CompileSettings.from_flat(**settings["compile"])
     result = compile_model(Path(exported.path), Path(compiled.path), model_name, **chosen.step_arguments())
@@ -95,8 +95,8 @@ def publish_op(compiled: Input[Model], repository: str, s3_endpoint: str, run_id
     from collections import namedtuple
     from pathlib import Path
 
-    from components.publish import publish
-    from components.s3repo import S3Settings
+    from components.release.publish import publish
+    from components.s3 import S3Settings
 
     result = publish(Path(compiled.path), repository, run_id=run_id, s3=S3Settings.from_env(s3_endpoint))
     return namedtuple("Published", ["version", "uri"])(result.version, result.uri)
@@ -107,10 +107,10 @@ def stage_op(
     repository: str, model_name: str, version: int, gate: str, s3_endpoint: str, run_id: str, settings: dict
 ) -> str:
     """Load the candidate dark on the gate server; check its answers. Returns the stage result (JSON)."""
-    from components.replicas import resolve
-    from components.s3repo import S3Settings
-    from components.stage import stage
-    from components.step_settings import ModelLoadSettings
+    from components.release.stage import stage
+    from components.release.step_settings import ModelLoadSettings
+    from components.s3 import S3Settings
+    from components.serving.replicas import resolve
 
     result = stage(
         repository,
@@ -141,13 +141,13 @@ def tune_op(
     import json
     from pathlib import Path
 
-    from components.replicas import resolve
-    from components.report import tuning_markdown
-    from components.results import StageResult
-    from components.s3repo import S3Settings
+    from components.release.gate_report import tuning_markdown
+    from components.release.results import StageResult
+    from components.release.step_settings import TuneSettings
+    from components.release.tune import tune
+    from components.s3 import S3Settings
+    from components.serving.replicas import resolve
     from components.settings import GateSettings
-    from components.step_settings import TuneSettings
-    from components.tune import tune
 
     staged = StageResult.from_json(stage_result)
     gating = GateSettings.from_flat(**settings["gate"])  # tuned at the gate's load, within its p99 limit
@@ -175,7 +175,7 @@ def tune_op(
 def settings_op(flat: dict) -> dict:
     """Every step's settings from the pipeline's parameters, checked before anything runs: a wrong one fails
     here, not after the GPU compile. Returns each step's flat settings by step (export, compile, load, tune, gate)."""
-    from components.step_settings import pipeline_settings
+    from components.release.step_settings import pipeline_settings
 
     return pipeline_settings(flat)
 
@@ -200,10 +200,10 @@ def gate_op(
     from collections import namedtuple
     from pathlib import Path
 
-    from components.gate import gate as run_gate
-    from components.replicas import resolve
-    from components.results import StageResult, TuneResult
-    from components.s3repo import S3Settings
+    from components.release.gate import gate as run_gate
+    from components.release.results import StageResult, TuneResult
+    from components.s3 import S3Settings
+    from components.serving.replicas import resolve
     from components.settings import GateSettings
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -254,12 +254,12 @@ def promote_op(
     from collections import namedtuple
     from pathlib import Path
 
-    from components import canary_report
-    from components.promote import CanaryRejected, promote
-    from components.replicas import resolve
-    from components.results import TuneResult, Verdict
-    from components.s3repo import S3Settings
-    from components.step_settings import PromoteSettings
+    from components.release import canary_report
+    from components.release.promote import CanaryRejected, promote
+    from components.release.results import TuneResult, Verdict
+    from components.release.step_settings import PromoteSettings
+    from components.s3 import S3Settings
+    from components.serving.replicas import resolve
 
     chosen = PromoteSettings.from_flat(**settings["load"], **settings["canary"])
     verdict = Verdict.from_json(verdict_json).verdict
@@ -292,10 +292,10 @@ def reject_op(
     repository: str, model_name: str, version: int, gate: str, verdict_json: str, s3_endpoint: str, run_id: str
 ):
     """Leave production untouched, unload the candidate, record why."""
-    from components.promote import reject
-    from components.replicas import resolve
-    from components.results import Verdict
-    from components.s3repo import S3Settings
+    from components.release.promote import reject
+    from components.release.results import Verdict
+    from components.s3 import S3Settings
+    from components.serving.replicas import resolve
 
     decided = Verdict.from_json(verdict_json)
     reject(
@@ -314,10 +314,10 @@ def reject_op(
 def finish_release_op(repository: str, model_name: str, gate: str, s3_endpoint: str, run_id: str):
     """Exit handler: whatever happened, the candidate leaves the gate server and this run's release
     lease on the model is given back (promote and reject give it back themselves on their paths)."""
-    from components.promote import unload_candidate
-    from components.replicas import resolve
+    from components.release.promote import unload_candidate
     from components.repository import ModelRepository
-    from components.s3repo import S3Settings
+    from components.s3 import S3Settings
+    from components.serving.replicas import resolve
 
     unload_candidate(resolve(gate)[0].url, model_name)
     ModelRepository(repository, S3Settings.from_env(s3_endpoint)).release_lease(model_name, run_id)

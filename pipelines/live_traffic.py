@@ -11,7 +11,7 @@ from collections import Counter
 
 import numpy as np
 
-from components.triton_admin import TritonAdmin
+from components.serving.triton_admin import TritonAdmin
 from pipelines.samples.bert4rec import DEMO
 
 LENGTHS = (32, DEMO.length)  # the live mix's history lengths, both ends included

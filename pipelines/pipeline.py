@@ -11,8 +11,8 @@ from typing import Any
 from kfp import dsl, kubernetes
 from kfp.dsl import Input, Model
 
-from components import admin_key
-from components.step_settings import pipeline_parameters
+from components.release.step_settings import pipeline_parameters
+from components.serving import admin_key
 from pipelines.kfp_components import (
     compile_op,
     export_op,
@@ -198,7 +198,7 @@ def release_pipeline(
     admin_secret_name: str = "tritonship-triton-admin",
     replicas: str = "k8s://triton/app.kubernetes.io/component=production",
     gate: str = "k8s://triton/app.kubernetes.io/component=gate",
-    # every step's settings: names, defaults and help from components/step_settings.py's tables
+    # every step's settings: names, defaults and help from components/release/step_settings.py's tables
     golden_samples: int = STEP["golden_samples"].default,
     export_method: str = STEP["export_method"].default,
     compile_target: str = STEP["compile_target"].pipeline_default("compile_target"),

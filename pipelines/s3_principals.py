@@ -20,7 +20,7 @@ from pathlib import Path
 import boto3
 import requests
 
-from components.s3repo import S3Settings
+from components.s3 import S3Settings
 
 POLICIES = Path(__file__).resolve().parents[1] / "manifests" / "iam"
 PRINCIPALS = {"pipeline": "pipeline-readwrite.json", "gate": "gate-read.json", "production": "production-read.json"}

@@ -25,13 +25,14 @@ from pathlib import Path
 
 import requests
 
-from components import admin_key, log
+from components import log
 from components.errors import TritonshipError
-from components.replicas import Replica
 from components.repository.store import PRODUCTION as PRODUCTION_PREFIX
 from components.repository.store import STAGING as STAGING_PREFIX
-from components.s3repo import S3Settings
-from components.tools import find_perf_analyzer, tools_dir
+from components.s3 import S3Settings
+from components.serving import admin_key
+from components.serving.replicas import Replica
+from components.serving.tools import find_perf_analyzer, tools_dir
 from pipelines import s3_principals
 from pipelines.outage import TcpSwitch
 from pipelines.processes import ManagedProcess, free_port, port_is_open, wait_until
@@ -76,7 +77,7 @@ class TritonServer:
 
     @property
     def replica_spec(self) -> str:
-        """host:http-port:metrics-port, as `--replicas` takes it (components/replicas.py)."""
+        """host:http-port:metrics-port, as `--replicas` takes it (components/serving/replicas.py)."""
         return f"{self.http_url}:{self.metrics_port}"
 
     @property
@@ -120,7 +121,7 @@ class EmbeddedStack:
 
     `replicas` production servers named prod-0, prod-1, ... mount the production prefix; the
     `gate` server also mounts the staging prefix (docs/design.md section 3: the candidate is dark).
-    Every tritonserver locks its admin APIs behind this process's admin key (components/admin_key.py):
+    Every tritonserver locks its admin APIs behind this process's admin key (components/serving/admin_key.py):
     the one in the environment, else a new one put there, so this process's own clients send it.
     `locked_apis` narrows which groups are locked; only a benchmark that measures over gRPC opens
     `model-config` (perf_analyzer reads the config and sends its `-H` header over HTTP only).
@@ -276,7 +277,7 @@ class EmbeddedStack:
                 "--grpc-address=127.0.0.1",
                 f"--allow-gpu-metrics={'true' if gpu_visible() else 'false'}",  # nv_gpu_* for the reports
                 "--allow-cpu-metrics=true",
-                # latency quantiles per model and version, which promote's canary compares (components/canary.py)
+                # latency quantiles per model and version, which promote's canary compares (components/release/canary.py)
                 "--metrics-config=summary_latencies=true",
                 "--exit-timeout-secs=5",
                 "--log-verbose=0",

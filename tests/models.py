@@ -9,8 +9,8 @@ import torch
 import yaml
 from torch import nn
 
-from components import model_folder
-from components.signature import Signature
+from components.model import model_folder
+from components.model.signature import Signature
 from pipelines.samples import bert4rec, recsys
 from pipelines.samples.recsys import Recommender
 from tests import latency_injection

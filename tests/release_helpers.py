@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-from components.gate import gate
-from components.promote import promote
-from components.publish import publish
-from components.replicas import Replica
-from components.results import GateResult, StageResult
+from components.release.gate import gate
+from components.release.promote import promote
+from components.release.publish import publish
+from components.release.results import GateResult, StageResult
+from components.release.stage import stage
+from components.serving.replicas import Replica
+from components.serving.triton_admin import TritonAdmin
 from components.settings import GateSettings, Thresholds
-from components.stage import stage
-from components.triton_admin import TritonAdmin
 from pipelines.stack import EmbeddedStack
 
 # The gate's defaults (benchmarks/gate_quality.py measures them on this machine).

@@ -1,5 +1,5 @@
 """Who may change what production serves: every Triton of the stack answers load, unload, the repository index
-and model configs only with the admin key (components/admin_key.py); inference, health and metadata stay open.
+and model configs only with the admin key (components/serving/admin_key.py); inference, health and metadata stay open.
 The release itself, run with the key, is every other test of the suite."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from components import admin_key, perf
 from components.repository import ModelRepository
+from components.serving import admin_key, perf
+from components.serving.triton_admin import TritonAdmin, TritonError
 from components.settings import RELAXED_STABILITY_PCT, LoadSettings
-from components.triton_admin import TritonAdmin, TritonError
 from pipelines.stack import EmbeddedStack
 from tests.models import mlp_folder
 from tests.release_helpers import ABSOLUTE_GATE, install_stable, repository, stage_and_gate, unique

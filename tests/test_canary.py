@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from components.canary import Side, effects
-from components.canary_settings import CanarySettings
-from components.gate_stats import judge
-from components.promote import CanaryRejected, promote
-from components.publish import publish
-from components.replicas import Replica
+from components.release.canary import Side, effects
+from components.release.canary_settings import CanarySettings
+from components.release.gate_stats import judge
+from components.release.promote import CanaryRejected, promote
+from components.release.publish import publish
+from components.release.stage import stage
 from components.repository import ModelRepository
-from components.stage import stage
+from components.serving.replicas import Replica
 from pipelines.stack import EmbeddedStack
 from tests.models import sequence_folder
 from tests.release_helpers import SteadyClient, install_stable, replicas, repository, unique
@@ -66,7 +66,7 @@ def _staged(stack: EmbeddedStack, folder) -> int:
 
 
 def _served(stack: EmbeddedStack, name: str) -> list[int]:
-    from components.triton_admin import TritonAdmin
+    from components.serving.triton_admin import TritonAdmin
 
     return [TritonAdmin(s.http_url).served_version(name, LIVE, ["scores"]) for s in stack.replicas]
 
@@ -189,7 +189,7 @@ def test_a_canary_replica_killed_mid_bake_fails_the_canary_and_every_replica_ser
 
 @pytest.mark.slow
 def test_an_ensemble_release_canaries_as_one(tmp_path, stack):
-    from components.model_folder import load_golden
+    from components.model.model_folder import load_golden
     from pipelines.samples import recsys
 
     name, members = "recsys", ["recsys_pre", "recsys_model", "recsys_post"]
@@ -209,7 +209,7 @@ def test_an_ensemble_release_canaries_as_one(tmp_path, stack):
         r["members"][m]["canary_mean_ms"] and r["members"][m]["baseline_mean_ms"] for r in counted for m in members
     )
     assert client.failures == [] and set(client.versions) == {v1, version}
-    from components.triton_admin import TritonAdmin
+    from components.serving.triton_admin import TritonAdmin
 
     for server in stack.replicas:
         assert all(TritonAdmin(server.http_url).ready_versions(m) == [version] for m in members)

@@ -11,11 +11,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from components import model_config
-from components.publish import publish
+from components.model import model_config
+from components.release.publish import publish
 from components.repository import ModelRepository
-from components.tools import tools_dir
-from components.triton_admin import TritonAdmin, TritonError
+from components.serving.tools import tools_dir
+from components.serving.triton_admin import TritonAdmin, TritonError
 from pipelines.processes import free_port
 from tests.models import mlp_folder
 from tests.release_helpers import unique

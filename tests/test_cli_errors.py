@@ -9,7 +9,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from components.publish import publish
+from components.release.publish import publish
 from pipelines.cli import app
 from pipelines.processes import free_port
 from tests.models import MLP_SIGNATURE, mlp_folder, write_signature

@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from components import model_folder
-from components.ensemble import EnsembleError, read_bundle, reference_outputs, step_at
-from components.signature import Signature
+from components.model import model_folder
+from components.model.ensemble import EnsembleError, read_bundle, reference_outputs, step_at
+from components.model.signature import Signature
 from pipelines.samples import bert4rec
 
 

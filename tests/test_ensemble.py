@@ -12,19 +12,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components import model_config
-from components.ensemble import EnsembleError, ensemble_config, read_bundle, with_serving_settings
-from components.gate import gate
-from components.model_config import ServingSettings
-from components.model_folder import load_golden
-from components.promote import promote, reject
-from components.publish import publish
-from components.reconcile import reconcile
+from components.model import model_config
+from components.model.ensemble import EnsembleError, ensemble_config, read_bundle, with_serving_settings
+from components.model.model_config import ServingSettings
+from components.model.model_folder import load_golden
+from components.release.gate import gate
+from components.release.promote import promote, reject
+from components.release.publish import publish
+from components.release.reconcile import reconcile
+from components.release.stage import stage
+from components.release.tune import TuneSettings, default_settings, tune
 from components.repository import ModelRepository, candidate_name
+from components.serving.triton_admin import TritonAdmin, TritonError
 from components.settings import Thresholds
-from components.stage import stage
-from components.triton_admin import TritonAdmin, TritonError
-from components.tune import TuneSettings, default_settings, tune
 from pipelines.samples import bert4rec, recsys
 from tests.release_helpers import ABSOLUTE_GATE, TEST_GATE, SteadyClient, replicas, repository, unique
 
@@ -327,8 +327,8 @@ def test_a_step_serves_a_batch_of_requests_in_one_call_and_fails_only_the_bad_re
     """The Python step wrapper joins the requests of one batch into one `process` call (what lets the steps
     keep up with a GPU model), and a request that makes the joined call fail gets its own error while the
     others of its batch get their answers."""
-    from components.ensemble import Step, write_step
-    from components.signature import Signature
+    from components.model.ensemble import Step, write_step
+    from components.model.signature import Signature
 
     (tmp_path / "step").mkdir()
     (tmp_path / "step" / "step.py").write_text(JOINED_STEP)
@@ -379,8 +379,8 @@ def test_the_bert4rec_with_its_steps_folded_in_answers_as_pre_model_post(tmp_pat
     unknown catalogue ids included, traced at one batch size and run at another."""
     import torch
 
-    from components.ensemble import reference_outputs
-    from components.signature import Signature
+    from components.model.ensemble import reference_outputs
+    from components.model.signature import Signature
 
     pre, post = bert4rec.ensemble_steps(tmp_path, "b4r")
     history = bert4rec.histories(8, seed=3)

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from components import model_config, model_folder, trace_retarget
-from components.compile import CompileError, GpuServing, ParityError, compile_model, tensorrt_compile_settings
-from components.export import ExportError, export, read_export
-from components.parity import Tolerance, compare
-from components.signature import POINTS, Signature, SignatureError
-from components.triton_admin import TritonAdmin
+from components.model import model_config, model_folder, trace_retarget
+from components.model.compile import CompileError, GpuServing, ParityError, compile_model, tensorrt_compile_settings
+from components.model.export import ExportError, export, read_export
+from components.model.parity import Tolerance, compare
+from components.model.signature import POINTS, Signature, SignatureError
+from components.serving.triton_admin import TritonAdmin
 from tests.models import (
     DYNAMIC_LENGTH_SIGNATURE,
     MLP,
@@ -77,11 +77,11 @@ def test_model_exports_compiles_and_triton_answers_like_eager(key, tmp_path, sta
 def test_a_ranged_length_is_staged_tuned_and_gated_at_its_opt(tmp_path, stack):
     """Tune's and the gate's perf_analyzer send the golden inputs, made at every ranged dimension's opt, and
     their reports say so."""
-    from components.gate import gate
-    from components.publish import publish
-    from components.stage import stage
-    from components.step_settings import TuneSettings
-    from components.tune import tune
+    from components.release.gate import gate
+    from components.release.publish import publish
+    from components.release.stage import stage
+    from components.release.step_settings import TuneSettings
+    from components.release.tune import tune
     from tests.release_helpers import ABSOLUTE_GATE, repository, unique
 
     name, at_opt = unique("ranged"), {"items": [16], "target_idx": [1]}  # the length at its opt, 16

@@ -20,14 +20,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.gate import gate
-from components.promote import PartialRevert, PromotionError, promote, reject
-from components.publish import publish
-from components.reconcile import reconcile
+from components.release.gate import gate
+from components.release.promote import PartialRevert, PromotionError, promote, reject
+from components.release.publish import publish
+from components.release.reconcile import reconcile
+from components.release.stage import stage
 from components.repository import ModelRepository, candidate_name
-from components.s3repo import S3Error, S3Settings
-from components.stage import stage
-from components.triton_admin import TritonAdmin
+from components.s3 import S3Error, S3Settings
+from components.serving.triton_admin import TritonAdmin
 from pipelines.stack import EmbeddedStack
 from tests.models import mlp_folder
 from tests.release_helpers import ABSOLUTE_GATE, SteadyClient, install_stable, replicas, unique

@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from components import perf
-from components.gate import measure_sequentially, round_requests
-from components.gate_stats import Effect, Rounds, effects, judge
-from components.results import GateResult
+from components.release.gate import measure_sequentially, round_requests
+from components.release.gate_stats import Effect, Rounds, effects, judge
+from components.release.results import GateResult
+from components.serving import perf
 from components.settings import GateSettings, Limits, Thresholds
 
 WINDOW_NS = 1_000_000_000

@@ -46,7 +46,7 @@ def test_busy_work_refuses_a_model_of_three_inputs():
 def test_busy_work_on_a_cuda_model_that_answers_on_the_host_answers_as_the_model():
     """The gate's GPU candidates: the compile step's CUDA TorchScript hands its outputs back on the host
     while the busy work runs on the input's device (the CPU sibling is the test above)."""
-    from components.compile import GpuServing
+    from components.model.compile import GpuServing
 
     ids = torch.randint(1, bert4rec.DEMO.items, (3, bert4rec.DEMO.length), device="cuda")
     position = torch.full((3, 1), bert4rec.DEMO.length - 1, device="cuda")

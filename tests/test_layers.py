@@ -21,9 +21,9 @@ FLOORS = {"": 0, "model": 1, "serving": 2, "repository": 2, "release": 3}  # roo
 
 
 def room(module: str) -> str:
-    """components.model.compile -> model; components.log -> "" (the ground floor)."""
+    """components.model.compile and components.model -> model; components.log -> "" (the ground floor)."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 2 and parts[1] in FLOORS else ""
+    return parts[1] if len(parts) > 1 and parts[1] in FLOORS else ""
 
 
 def imports(root: Path) -> dict[str, list[tuple[str, str]]]:
@@ -47,6 +47,8 @@ def imports(root: Path) -> dict[str, list[tuple[str, str]]]:
 def violations(root: Path) -> list[str]:
     """Every upward or sideways import between rooms, and every circle, each in one sentence."""
     graph = imports(root)
+    files = {_module(root, p): str(p.relative_to(root.parent)) for p in root.rglob("*.py")}
+    _file = files.__getitem__
     problems = []
     for module, targets in graph.items():
         for target, name in targets:
@@ -63,10 +65,6 @@ def violations(root: Path) -> list[str]:
 def _module(root: Path, path: Path) -> str:
     parts = [root.name, *path.relative_to(root).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _file(module: str) -> str:
-    return module.replace(".", "/") + ".py"
 
 
 def _cycles(graph: dict[str, list[tuple[str, str]]]) -> list[list[str]]:

@@ -7,7 +7,7 @@ import re
 
 from typer.testing import CliRunner
 
-from components.publish import publish
+from components.release.publish import publish
 from components.repository import ModelRepository, lease_owner
 from pipelines.cli import app
 from tests.models import mlp_folder

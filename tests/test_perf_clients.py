@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from components import perf
-from components.model_folder import load_golden
+from components.model.model_folder import load_golden
+from components.serving import perf
+from components.serving.tools import PerfAnalyzerTool, client_cpu_groups, shared_client_cpus
+from components.serving.triton_admin import TritonAdmin
 from components.settings import RELAXED_STABILITY_PCT
-from components.tools import PerfAnalyzerTool, client_cpu_groups, shared_client_cpus
-from components.triton_admin import TritonAdmin
 from tests.models import mlp_folder, upload_folder
 
 

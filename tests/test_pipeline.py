@@ -11,7 +11,7 @@ import yaml
 
 from components.errors import TritonshipError
 from components.repository import ModelRepository
-from components.triton_admin import TritonAdmin
+from components.serving.triton_admin import TritonAdmin
 from pipelines.demo import demo_parameters
 from pipelines.images import matrix
 from pipelines.kubeflow import COMPILED, compile_pipeline, parse_parameters, validate_cron

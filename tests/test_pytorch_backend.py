@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from components import model_config
 from components.errors import TritonshipError
-from components.gate import gate
-from components.model_folder import SIGNATURE_FILE
-from components.promote import reject
-from components.publish import publish
+from components.model import model_config
+from components.model.model_folder import SIGNATURE_FILE
+from components.model.signature import Signature
+from components.release.gate import gate
+from components.release.promote import reject
+from components.release.publish import publish
+from components.release.stage import stage
 from components.repository import candidate_name
-from components.signature import Signature
-from components.stage import stage
-from components.triton_admin import TritonAdmin
+from components.serving.triton_admin import TritonAdmin
 from tests.models import MLP, MLP_SIGNATURE, mlp_folder
 from tests.release_helpers import TEST_GATE, install_stable, repository, unique
 
@@ -102,7 +102,7 @@ def test_a_candidate_that_takes_the_gate_server_down_fails_and_production_is_unt
     name = unique("crash")
     install_stable(stack, _folder(tmp_path, name, "v1"))
     stack.restart_triton("gate")  # a server in which no model has set the inter-op threads yet
-    monkeypatch.setattr("components.model_folder.refuse_server_aborting_parameters", lambda *_a, **_k: None)
+    monkeypatch.setattr("components.model.model_folder.refuse_server_aborting_parameters", lambda *_a, **_k: None)
     first, second = (_folder(tmp_path, name, sub, seed=seed) for sub, seed in (("v2", 4), ("v3", 5)))
     for folder in (first, second):
         _edit_config(folder, _with_inter_op)

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.gate import gate
-from components.promote import PartialRevert, PromotionError, promote, reject
+from components.release.gate import gate
+from components.release.promote import PartialRevert, PromotionError, promote, reject
 from components.repository import ModelRepository, candidate_name
-from components.triton_admin import TritonAdmin
+from components.serving.triton_admin import TritonAdmin
 from pipelines.processes import free_port
 from tests.models import mlp_folder
 from tests.release_helpers import (
@@ -125,9 +125,9 @@ def test_candidate_that_triton_cannot_load_fails_the_gate_and_production_is_unto
 
 
 def test_a_second_release_of_the_same_model_waits_for_the_first(tmp_path, stack):
-    from components.publish import publish
+    from components.release.publish import publish
+    from components.release.stage import stage
     from components.repository import LeaseHeld
-    from components.stage import stage
 
     name = unique()
     first = publish(_folder(tmp_path, name, "a"), repository(stack), s3=stack.s3).version
@@ -144,7 +144,7 @@ def test_a_second_release_of_the_same_model_waits_for_the_first(tmp_path, stack)
 
 @pytest.mark.slow
 def test_replica_killed_during_promotion_is_reported_as_not_reverted_and_reconcile_converges(tmp_path, stack):
-    from components.reconcile import reconcile
+    from components.release.reconcile import reconcile
 
     name = unique()
     install_stable(stack, _folder(tmp_path, name, "v1"))
@@ -200,7 +200,7 @@ def test_missing_perf_analyzer_makes_the_verdict_fail(tmp_path, stack, monkeypat
 
 def test_unreachable_gate_server_makes_the_verdict_fail(tmp_path, stack):
     name = unique()
-    from components.publish import publish
+    from components.release.publish import publish
 
     published = publish(_folder(tmp_path, name, "v1"), repository(stack), s3=stack.s3)
     verdict = gate(repository(stack), name, published.version, f"127.0.0.1:{free_port()}", TEST_GATE, s3=stack.s3)
@@ -256,7 +256,7 @@ def test_cli_gate_exit_code_and_promote_refuses_a_failed_verdict(tmp_path, stack
 
 
 def test_reconcile_brings_every_replica_to_the_desired_state(tmp_path, stack):
-    from components.reconcile import reconcile
+    from components.release.reconcile import reconcile
 
     name = unique()
     install_stable(stack, _folder(tmp_path, name, "v1"))

@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import yaml
 
-from components.replicas import Replica, ReplicaError, resolve
+from components.serving.replicas import Replica, ReplicaError, resolve
 
 PODS = json.loads((Path(__file__).parent / "fixtures" / "k8s_pods.json").read_text())
 

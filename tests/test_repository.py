@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from botocore.exceptions import ClientError
 
-from components import model_config
-from components.model_folder import ModelFolderError
-from components.publish import publish
+from components.model import model_config
+from components.model.model_folder import ModelFolderError
+from components.release.publish import publish
 from components.repository import LeaseHeld, Leases, ModelRepository, RepositoryError, Versions, candidate_name
-from components.s3repo import S3Error, S3Settings
-from components.triton_admin import TritonAdmin
+from components.s3 import S3Error, S3Settings
+from components.serving.triton_admin import TritonAdmin
 from pipelines.stack import ManagedProcess, free_port, port_is_open
 from tests.models import mlp_folder
 

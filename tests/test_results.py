@@ -1,13 +1,13 @@
-"""One serialisation for every step's result (components/results.py): what is written reads back equal, and
+"""One serialisation for every step's result (components/release/results.py): what is written reads back equal, and
 a file that is not the result it claims to be is refused with what is wrong."""
 
 from __future__ import annotations
 
 import pytest
 
-from components.model_config import ServingSettings
-from components.parity import OutputParity
-from components.results import PromoteResult, ReplicaOutcome, StageResult, Trial, TuneResult, Verdict
+from components.model.model_config import ServingSettings
+from components.model.parity import OutputParity
+from components.release.results import PromoteResult, ReplicaOutcome, StageResult, Trial, TuneResult, Verdict
 
 
 def test_every_result_reads_back_equal_to_what_was_written():

@@ -1,4 +1,4 @@
-"""The gate server's own figures while it is measured, from its metrics endpoint (components/server_metrics.py).
+"""The gate server's own figures while it is measured, from its metrics endpoint (components/serving/server_metrics.py).
 The embedded Triton is a CPU server started with GPU metrics off: it reports CPU utilisation and memory only,
 which is what these tests can see; the GPU lines are read the same way on a GPU server."""
 
@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from components import server_metrics
+from components.serving import server_metrics
 from pipelines.processes import free_port
 from tests.models import mlp_folder
 from tests.release_helpers import ABSOLUTE_GATE, stage_and_gate, unique

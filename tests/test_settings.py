@@ -14,8 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from components import settings
-from components.settings import GateSettings, Thresholds
-from components.step_settings import (
+from components.release.step_settings import (
     STEP_PARAMETERS,
     CompileSettings,
     ExportSettings,
@@ -25,6 +24,7 @@ from components.step_settings import (
     pipeline_parameters,
     pipeline_settings,
 )
+from components.settings import GateSettings, Thresholds
 from pipelines.cli import app
 
 COMPILED = Path(__file__).resolve().parents[1] / "pipelines" / "release_pipeline.yaml"
@@ -135,13 +135,13 @@ def test_each_steps_wrong_settings_are_refused_where_they_are_built(kind, flat, 
 
 
 def test_the_step_functions_default_to_their_settings_types():
-    from components.compile import compile_model
-    from components.export import export
-    from components.perf import LoadSettings
-    from components.promote import promote
+    from components.model.compile import compile_model
+    from components.model.export import export
+    from components.release.promote import promote
+    from components.release.stage import stage
     from components.repository.leases import Leases
     from components.repository.maintenance import Maintenance
-    from components.stage import stage
+    from components.serving.perf import LoadSettings
 
     def defaults(fn: Any) -> dict[str, Any]:
         return {n: p.default for n, p in inspect.signature(fn).parameters.items()}

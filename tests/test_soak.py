@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.gate import gate
-from components.promote import promote, reject
-from components.publish import publish
+from components.release.gate import gate
+from components.release.promote import promote, reject
+from components.release.publish import publish
+from components.release.stage import stage
 from components.repository import ModelRepository
+from components.serving.triton_admin import TritonAdmin
 from components.settings import GateSettings, Thresholds
-from components.stage import stage
-from components.triton_admin import TritonAdmin
 from tests.models import mlp_folder
 from tests.release_helpers import SteadyClient, replicas, unique
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components import perf
-from components.model_folder import load_golden
+from components.model.model_folder import load_golden
+from components.serving import perf
+from components.serving.triton_admin import TritonAdmin, TritonError, TritonUnreachable
 from components.settings import RELAXED_STABILITY_PCT, LoadSettings
-from components.triton_admin import TritonAdmin, TritonError, TritonUnreachable
 from pipelines.processes import pid_alive, port_is_open
 from pipelines.stack import EmbeddedStack
 from tests.models import mlp_folder, upload_folder

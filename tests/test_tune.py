@@ -10,18 +10,19 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from components import model_config, perf
-from components.gate import gate
-from components.model_config import ServingSettings
-from components.promote import promote
-from components.publish import publish
+from components.model import model_config
+from components.model.model_config import ServingSettings
+from components.model.signature import Signature
+from components.release.gate import gate
+from components.release.promote import promote
+from components.release.publish import publish
+from components.release.results import Trial, TuneResult
+from components.release.stage import stage
+from components.release.tune import TuneSettings, _on_gpu, grid, knobs, search, tune
 from components.repository import ModelRepository
-from components.results import Trial, TuneResult
+from components.serving import perf
+from components.serving.triton_admin import TritonAdmin
 from components.settings import RELAXED_STABILITY_PCT
-from components.signature import Signature
-from components.stage import stage
-from components.triton_admin import TritonAdmin
-from components.tune import TuneSettings, _on_gpu, grid, knobs, search, tune
 from tests.models import MLP_SIGNATURE, mlp_folder
 from tests.release_helpers import TEST_GATE, replicas, repository, unique
 

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from components import perf, report
-from components.model_config import ServingSettings
-from components.publish import publish
-from components.results import Trial, TuneResult
+from components.model.model_config import ServingSettings
+from components.release import gate_report
+from components.release.publish import publish
+from components.release.results import Trial, TuneResult
+from components.release.stage import stage
+from components.release.tune import TuneSettings, grid, search, tune
+from components.serving import perf
+from components.serving.triton_admin import TritonAdmin
 from components.settings import RELAXED_STABILITY_PCT, LoadSettings
-from components.stage import stage
-from components.triton_admin import TritonAdmin
-from components.tune import TuneSettings, grid, search, tune
 from tests.models import mlp_folder
 from tests.release_helpers import repository, unique
 from tests.test_tune import DEFAULT, SPACE, surface
@@ -40,7 +41,7 @@ def test_at_a_fixed_rate_the_lowest_p99_among_the_settings_that_keep_up_wins():
     assert result.gain_pct == pytest.approx(30.0)
     assert result.confirmation == "confirmed: +30.0% lower p99 at 150 requests/s over all runs of both"
     assert TuneResult.from_json(result.to_json()).gain_pct == pytest.approx(30.0)
-    header = report.tuning_markdown(json.loads(result.to_json()))[1]
+    header = gate_report.tuning_markdown(json.loads(result.to_json()))[1]
     assert "p99 +30.0% lower than the default's at 150 requests/s" in header
 
 

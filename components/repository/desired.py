@@ -3,7 +3,7 @@ is still the one read (ETag)."""
 
 from __future__ import annotations
 
-from components.model_config import ModelConfig, parse_pbtxt, to_pbtxt
+from components.model.model_config import ModelConfig, parse_pbtxt, to_pbtxt
 from components.repository.store import CONFIG, PRODUCTION, Store
 
 

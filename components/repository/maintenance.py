@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from components.model_config import CANDIDATE_SUFFIX
+from components.model.model_config import CANDIDATE_SUFFIX
 from components.repository.desired import DesiredState
 from components.repository.manifests import Manifests
 from components.repository.store import MANIFEST, PRODUCTION, STAGING, RepositoryError, candidate_name

@@ -23,7 +23,7 @@ from components.repository.store import (
     candidate_name,
     sha256_file,
 )
-from components.s3repo import S3_EXCEPTIONS, explain
+from components.s3 import S3_EXCEPTIONS, explain
 
 
 @dataclass(frozen=True)

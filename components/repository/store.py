@@ -13,8 +13,8 @@ from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
 from components.errors import TritonshipError
-from components.model_config import CANDIDATE_SUFFIX
-from components.s3repo import S3_EXCEPTIONS, S3Error, S3Settings, explain, split_s3_uri
+from components.model.model_config import CANDIDATE_SUFFIX
+from components.s3 import S3_EXCEPTIONS, S3Error, S3Settings, explain, split_s3_uri
 
 MANIFEST = "manifest.json"
 CONFIG = "config.pbtxt"

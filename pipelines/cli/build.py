@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 
 from components import settings
-from components.step_settings import COMPILE_PARAMETERS as COMPILE
-from components.step_settings import EXPORT_PARAMETERS as EXPORT
-from components.step_settings import CompileSettings, ExportSettings
+from components.release.step_settings import COMPILE_PARAMETERS as COMPILE
+from components.release.step_settings import EXPORT_PARAMETERS as EXPORT
+from components.release.step_settings import CompileSettings, ExportSettings
 from pipelines.cli.common import (
     EndpointOption,
     RepositoryOption,
@@ -39,7 +39,7 @@ def export_cmd(
     method: Annotated[settings.ExportMethod, option(EXPORT, "method")] = EXPORT["method"].default,
 ) -> None:
     """Load a model, check it against its signature, export it with golden samples (or the --golden ones)."""
-    from components.export import export
+    from components.model.export import export
 
     chosen = validated(ExportSettings.from_flat, locals(), EXPORT)
     result = export(
@@ -66,7 +66,7 @@ def compile_cmd(
     int_mismatch: Annotated[float | None, option(COMPILE, "int_mismatch")] = COMPILE["int_mismatch"].default,
 ) -> None:
     """Compile an export for Triton, check parity against the eager model, write the model folder."""
-    from components.compile import compile_model, parity_table
+    from components.model.compile import compile_model, parity_table
 
     chosen = validated(CompileSettings.from_flat, locals(), COMPILE)
     with console.status(f"compiling for {target} ({precision}, {device})"):
@@ -86,7 +86,7 @@ def publish_cmd(
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Publish a compiled model folder (or an ensemble bundle) as a new immutable candidate version (staging)."""
-    from components.publish import publish
+    from components.release.publish import publish
 
     with console.status("publishing"):
         result = publish(folder, repository, run_id=run_id, s3=s3_settings(s3_endpoint))
@@ -121,9 +121,9 @@ def ensemble_cmd(
     with no Python process between the steps."""
     import numpy as np
 
-    from components.ensemble import assemble, step_at
-    from components.model_source import load_model
-    from components.signature import Signature
+    from components.model.ensemble import assemble, step_at
+    from components.model.model_source import load_model
+    from components.model.signature import Signature
 
     with np.load(inputs, allow_pickle=False) as data:
         golden = {k: data[k] for k in data.files}

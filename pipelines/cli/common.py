@@ -18,7 +18,7 @@ from components import log, settings
 from components.errors import TritonshipError
 
 if TYPE_CHECKING:
-    from components.results import Result
+    from components.release.results import Result
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help=__doc__.split("\n")[0], pretty_exceptions_enable=False
@@ -92,7 +92,7 @@ def read_result(path: Path, what: str, kind: type[R]) -> R:
 
 
 def option(table: dict[str, settings.Parameter], name: str, *flags: str) -> Any:
-    """A step's option explained by its table (components/settings.py, components/step_settings.py); the
+    """A step's option explained by its table (components/settings.py, components/release/step_settings.py); the
     default in the signature is the settings type's, and tests/test_settings.py checks they agree."""
     return typer.Option(*flags, help=table[name].help)
 
@@ -118,7 +118,7 @@ EndpointOption = Annotated[
 
 
 def s3_settings(endpoint: str | None) -> Any:
-    from components.s3repo import S3Settings
+    from components.s3 import S3Settings
 
     return S3Settings.from_env(endpoint)
 
@@ -139,7 +139,7 @@ def one_server(spec: str) -> str:
 
 def gate_server(spec: str, metrics: str | None) -> tuple[str, str]:
     """The server's HTTP host:port and its metrics endpoint (given, or found with a k8s:// pod; else none)."""
-    from components.replicas import resolve
+    from components.serving.replicas import resolve
 
     server = resolve(spec)[0]
     return server.url, metrics or server.metrics_url

@@ -108,7 +108,7 @@ def schedule_cmd(
 @app.command("demo")
 @friendly_errors
 def demo(workdir: Annotated[Path | None, typer.Option(help="keep the pipeline runs' outputs here")] = None) -> None:
-    """Three releases of the BERT4Rec recommender through the whole pipeline on the embedded stack."""
+    """Four releases of the BERT4Rec recommender through the whole pipeline on the embedded stack."""
     from pipelines.demo import run_demo
 
     if workdir is not None and workdir.exists() and not workdir.is_dir():

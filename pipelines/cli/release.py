@@ -11,13 +11,13 @@ from typing import Annotated
 import typer
 
 from components import log, settings
-from components.canary_settings import CANARY_PARAMETERS as CANARY
 from components.errors import TritonshipError
+from components.release.canary_settings import CANARY_PARAMETERS as CANARY
+from components.release.step_settings import LOAD_PARAMETERS as LOAD
+from components.release.step_settings import PROMOTE_PARAMETERS as PROMOTE
+from components.release.step_settings import TUNE_PARAMETERS as TUNE
+from components.release.step_settings import ModelLoadSettings, PromoteSettings, TuneSettings
 from components.settings import GATE_PARAMETERS as GATE
-from components.step_settings import LOAD_PARAMETERS as LOAD
-from components.step_settings import PROMOTE_PARAMETERS as PROMOTE
-from components.step_settings import TUNE_PARAMETERS as TUNE
-from components.step_settings import ModelLoadSettings, PromoteSettings, TuneSettings
 from pipelines.cli.common import (
     EndpointOption,
     GateMetricsOption,
@@ -71,8 +71,8 @@ def stage_cmd(
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Load the candidate dark on the gate server and check its answers against the golden outputs."""
-    from components.parity import parity_table
-    from components.stage import stage
+    from components.model.parity import parity_table
+    from components.release.stage import stage
 
     loading = validated(ModelLoadSettings.from_flat, locals(), LOAD)
     with lease_given_back_on_failure(repository, model, version, s3_endpoint) as succeeded:
@@ -126,8 +126,8 @@ def tune_cmd(
     """Search the candidate's serving settings on the gate server (config override; S3 untouched)."""
     from rich.table import Table
 
-    from components import report
-    from components.tune import tune
+    from components.release import gate_report
+    from components.release.tune import tune
 
     tune_settings = validated(TuneSettings.from_flat, locals(), TUNE)
     with console.status(f"tuning {model} v{version} on the gate (at most {budget} settings)"):
@@ -136,8 +136,8 @@ def tune_cmd(
             repository, model, version, url, tune_settings, s3=s3_settings(s3_endpoint), metrics_url=metrics_url
         )
     out_file.write_text(result.to_json())
-    table = Table(*report.TUNING_HEADER)
-    for row in report.tuning_rows(json.loads(result.to_json())):
+    table = Table(*gate_report.TUNING_HEADER)
+    for row in gate_report.tuning_rows(json.loads(result.to_json())):
         table.add_row(*row)
     out.print(table)
     out_console_line(f"chosen: {result.chosen} ({result.settings_measured} of {result.grid_size} settings measured)")
@@ -173,8 +173,8 @@ def gate_cmd(
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Measure candidate against stable with perf_analyzer and decide pass / fail / inconclusive. Exit 0 only on pass."""
-    from components import gate as gate_step
-    from components.results import StageResult, TuneResult
+    from components.release import gate as gate_step
+    from components.release.results import StageResult, TuneResult
 
     gate_settings = validated(settings.GateSettings.from_flat, locals(), GATE)
     staged = read_result(stage_result, "stage result", StageResult) if stage_result else None
@@ -241,10 +241,10 @@ def promote_cmd(
     """Roll the gated candidate out to every production replica, one at a time; revert on any failure.
     With the canary (the default), the first replicas switched are measured against the others on live
     traffic first; exit 1 when it reverts."""
-    from components import canary_report
-    from components.promote import CanaryRejected, promote
-    from components.replicas import resolve
-    from components.results import TuneResult, Verdict
+    from components.release import canary_report
+    from components.release.promote import CanaryRejected, promote
+    from components.release.results import TuneResult, Verdict
+    from components.serving.replicas import resolve
 
     chosen = validated(PromoteSettings.from_flat, locals(), PROMOTE)
     decided = read_result(verdict, "verdict", Verdict)
@@ -286,8 +286,8 @@ def reject_cmd(
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Unload the candidate from the gate, leave production untouched, record the verdict."""
-    from components.promote import reject
-    from components.results import Verdict
+    from components.release.promote import reject
+    from components.release.results import Verdict
 
     decided = read_result(verdict, "verdict", Verdict)
     reject(
@@ -314,9 +314,9 @@ def reconcile_cmd(
     """Make every production replica serve the desired state in S3; exit 1 if any replica does not."""
     from rich.table import Table
 
-    from components.reconcile import reconcile
-    from components.replicas import resolve
-    from components.triton_admin import TritonAdmin
+    from components.release.reconcile import reconcile
+    from components.serving.replicas import resolve
+    from components.serving.triton_admin import TritonAdmin
 
     targets = resolve(replicas)
     if not any(TritonAdmin(r.url, timeout=10, retries=1).is_live() for r in targets):

@@ -17,13 +17,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from components.gate import gate
-from components.promote import promote, reject
-from components.publish import publish
+from components.release.gate import gate
+from components.release.promote import promote, reject
+from components.release.publish import publish
+from components.release.stage import stage
 from components.repository import ModelRepository
+from components.serving.triton_admin import TritonAdmin
 from components.settings import GateSettings, Thresholds
-from components.stage import stage
-from components.triton_admin import TritonAdmin
 from pipelines.samples import recsys
 from pipelines.stack import EmbeddedStack
 

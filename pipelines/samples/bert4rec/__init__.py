@@ -32,10 +32,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from components.parity import Tolerance
+from components.model.parity import Tolerance
 
 if TYPE_CHECKING:
-    from components.ensemble import CompiledStep, Step
+    from components.model.ensemble import CompiledStep, Step
 
 HERE = Path(__file__).parent
 TOP_K = 10
@@ -306,8 +306,8 @@ def compiled_folder(
 ) -> Path:
     """This module's `factory` (or any "module:function") through the export and compile steps (TorchScript for Triton's PyTorch
     backend, on `device` at `precision`, checked at `tolerance`): the model folder `out`, named as it."""
-    from components.compile import compile_model
-    from components.export import export
+    from components.model.compile import compile_model
+    from components.model.export import export
 
     with tempfile.TemporaryDirectory(prefix="tritonship-bert4rec-") as tmp:
         work = Path(tmp)
@@ -331,8 +331,8 @@ def ensemble_steps(work: Path, name: str, size: Size = DEMO, compiled: bool = Fa
     """The pre and post steps under `work`, reading the catalogue of `size`: step.py folders for the Python
     backend, or `compiled`, CataloguePre and CataloguePost compiled to TorchScript for the PyTorch backend
     (on the CPU: a lookup and a gather, no work for a GPU)."""
-    from components.ensemble import CompiledStep, Step
-    from components.signature import Signature
+    from components.model.ensemble import CompiledStep, Step
+    from components.model.signature import Signature
 
     if compiled:
         rng = np.random.default_rng(7)
@@ -372,8 +372,8 @@ def build_bundle(
     at `precision`, checked at `tolerance`, else the precision's), then assemble the release bundle with the
     pre- and postprocessing steps (Python, or `compiled_steps`: TorchScript). The size is the factory's
     model's."""
-    from components.ensemble import assemble
-    from components.signature import Signature
+    from components.model.ensemble import assemble
+    from components.model.signature import Signature
 
     eager = globals()[factory]()
     size, signatures = eager.size, eager.size.signatures()

@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from components.compile import compile_model
-from components.ensemble import Step, assemble
-from components.export import export
-from components.signature import Signature
+from components.model.compile import compile_model
+from components.model.ensemble import Step, assemble
+from components.model.export import export
+from components.model.signature import Signature
 
 HERE = Path(__file__).parent
 ITEMS = 999  # catalogue size; embedding index ITEMS is the mask token

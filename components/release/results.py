@@ -16,9 +16,9 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from components.gate_stats import Effect, Rounds
-from components.model_config import ServingSettings
-from components.parity import OutputParity
+from components.model.model_config import ServingSettings
+from components.model.parity import OutputParity
+from components.release.gate_stats import Effect, Rounds
 
 R = TypeVar("R", bound="Result")
 VerdictName = Literal["pass", "fail", "inconclusive"]
@@ -291,7 +291,7 @@ class CanaryResult(Result):
     baseline_replicas: list[str] = field(default_factory=list)
     effects: list[dict[str, Any]] = field(default_factory=list)
     calibration: list[dict[str, Any]] = field(default_factory=list)  # rounds before the switch, all on stable
-    rounds: list[dict[str, Any]] = field(default_factory=list)  # rounds after it (components/canary.py _round)
+    rounds: list[dict[str, Any]] = field(default_factory=list)  # rounds after it (components/release/canary.py _round)
     counted_rounds: int = 0
     seconds: float = 0.0
     stopped: str = ""

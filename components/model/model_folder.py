@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from components.errors import TritonshipError
-from components.model_config import (
+from components.model.model_config import (
     ModelConfig,
     build,
     check_against,
@@ -28,7 +28,7 @@ from components.model_config import (
     refuse_server_aborting_parameters,
     to_pbtxt,
 )
-from components.signature import Signature
+from components.model.signature import Signature
 
 VERSION_DIR = "1"
 MODEL_FILE = "model.pt"

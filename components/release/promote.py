@@ -10,11 +10,11 @@ Promote (only on a `pass` verdict):
 4. if any replica fails: write the previous desired state back, reload every replica to it, fail;
 5. unload the candidate from the gate server.
 
-With a canary (components/canary.py) the first replicas are compared with the others on live traffic while all
+With a canary (components/release/canary.py) the first replicas are compared with the others on live traffic while all
 still serve the stable version, then switched before step 2 and measured against them again; the desired state changes only once the canary passes, so a pod restarting
 during the bake comes up on the stable version. A canary that fails reverts the switched replicas.
 
-An ensemble release (components/ensemble.py) does the same for its members and the ensemble together:
+An ensemble release (components/model/ensemble.py) does the same for its members and the ensemble together:
 members' version N is loaded beside the old one, the ensemble is reloaded pinned to N in one step,
 then the old members are unloaded; the members' desired configs keep both versions until every
 replica runs the new ensemble, so a pod restarting meanwhile always finds the members its config runs.
@@ -31,18 +31,19 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from components import ensemble, log, model_config
-from components.canary import CanaryFailed, Watch, bake, canary_count, decide
-from components.canary_settings import CanarySettings
+from components import log
 from components.errors import TritonshipError
-from components.parity import parity_table
-from components.replicas import Replica
+from components.model import ensemble, model_config
+from components.model.parity import parity_table
+from components.release.canary import CanaryFailed, Watch, bake, canary_count, decide
+from components.release.canary_settings import CanarySettings
+from components.release.results import CanaryResult, PromoteResult, ReplicaOutcome
+from components.release.stage import CandidateVersion, read_candidate, served_accuracy
 from components.repository import ModelRepository, candidate_name, lease_owner
-from components.results import CanaryResult, PromoteResult, ReplicaOutcome
-from components.s3repo import S3Error, S3Settings
+from components.s3 import S3Error, S3Settings
+from components.serving.replicas import Replica
+from components.serving.triton_admin import TritonAdmin
 from components.settings import DEFAULT_LOAD_TIMEOUT_S
-from components.stage import CandidateVersion, read_candidate, served_accuracy
-from components.triton_admin import TritonAdmin
 
 LOG = log.get("promote")
 Progress = Callable[[str, Replica], None]

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, get_args
 
-from components.canary_settings import CANARY_PARAMETERS, CanarySettings
+from components.release.canary_settings import CANARY_PARAMETERS, CanarySettings
 from components.settings import (
     DEFAULT_CLEANUP_GRACE_S,
     DEFAULT_COMPILE_DEVICE,
@@ -96,7 +96,7 @@ COMPILE_PARAMETERS = {
     ),
     "opt_batch": Parameter(DEFAULT_TENSORRT_OPT_BATCH, "the batch size TensorRT optimises for", "tensorrt_opt_batch"),
     "workspace_gb": Parameter(DEFAULT_TENSORRT_WORKSPACE_GB, "TensorRT's workspace, GiB", "tensorrt_workspace_gb"),
-    # the parity tolerances follow the precision unless given (components/parity.py)
+    # the parity tolerances follow the precision unless given (components/model/parity.py)
     "atol": Parameter(None, "absolute tolerance of the parity check (default: by precision)", pipeline=None),
     "rtol": Parameter(None, "relative tolerance of the parity check (default: by precision)", pipeline=None),
     "int_mismatch": Parameter(None, "share of integer output elements that may differ (default: by precision)", None),
@@ -141,7 +141,7 @@ class CompileSettings(_Flat):
 
     def step_arguments(self) -> dict[str, Any]:
         """compile_model's keyword arguments."""
-        from components.parity import Tolerance
+        from components.model.parity import Tolerance
 
         tolerance = Tolerance.for_precision(self.precision, self.atol, self.rtol, self.int_mismatch)
         names = ("target", "precision", "device", "opt_batch", "workspace_gb")
@@ -172,7 +172,7 @@ PROMOTE_PARAMETERS = {**LOAD_PARAMETERS, **CANARY_PARAMETERS}
 
 @dataclass(frozen=True)
 class PromoteSettings:
-    """promote's: the load time limit and the canary (components/canary_settings.py)."""
+    """promote's: the load time limit and the canary (components/release/canary_settings.py)."""
 
     load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
     canary: CanarySettings = field(default_factory=CanarySettings)

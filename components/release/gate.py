@@ -4,7 +4,7 @@ How it measures (docs/design.md section 4)
     Both versions are loaded on the gate server and warmed up. Then rounds: in the **duet** design
     (default) one perf_analyzer per model starts at the same moment, each at the full load, so both
     see the same seconds of the machine, and both on the same CPUs, a different group each round, so
-    neither is favoured by where the scheduler puts it (components/tools.py, client_cpu_groups); in the
+    neither is favoured by where the scheduler puts it (components/serving/tools.py, client_cpu_groups); in the
     **alternating** design they run one after the other
     (S C, C S, ...). perf_analyzer's own stability check is relaxed (it always measures three
     windows and never exits 2 for noise): every request's latency comes from its profile export and
@@ -38,15 +38,18 @@ from typing import Any
 
 import numpy as np
 
-from components import ensemble, gate_stats, log, model_config, perf, server_metrics
+from components import log
 from components.errors import TritonshipError
+from components.model import ensemble, model_config
+from components.release import gate_stats
+from components.release.results import GateResult, StageResult, TuneResult
+from components.release.stage import read_candidate
 from components.repository import ModelRepository, candidate_name
-from components.results import GateResult, StageResult, TuneResult
-from components.s3repo import S3Settings
+from components.s3 import S3Settings
+from components.serving import perf, server_metrics
+from components.serving.tools import client_cpu_groups, find_perf_analyzer, shared_client_cpus
+from components.serving.triton_admin import TritonAdmin, TritonError
 from components.settings import GateSettings
-from components.stage import read_candidate
-from components.tools import client_cpu_groups, find_perf_analyzer, shared_client_cpus
-from components.triton_admin import TritonAdmin, TritonError
 
 LOG = log.get("gate")
 WARM_UP_REQUESTS = 50
@@ -187,9 +190,9 @@ def gate(
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "verdict.json").write_text(result.to_json())
         _write_latencies(result, out_dir / "raw" / "latencies.npz")
-        from components import report
+        from components.release import gate_report
 
-        report.write(result, out_dir)
+        gate_report.write(result, out_dir)
     repo.record(
         model,
         "gate",

@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from components import model_folder
 from components.errors import TritonshipError
-from components.model_config import ModelConfig, ServingSettings, build, renamed, to_pbtxt, with_settings
-from components.model_folder import ModelFolder
-from components.signature import Signature
+from components.model import model_folder
+from components.model.model_config import ModelConfig, ServingSettings, build, renamed, to_pbtxt, with_settings
+from components.model.model_folder import ModelFolder
+from components.model.signature import Signature
 
 STEP_FILE = "step.py"
 ENSEMBLE_PLATFORM = "ensemble"

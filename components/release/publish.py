@@ -12,10 +12,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from components import ensemble, log, model_folder
-from components.model_config import to_pbtxt, validate_model_name
+from components import log
+from components.model import ensemble, model_folder
+from components.model.model_config import to_pbtxt, validate_model_name
 from components.repository import Manifest, ModelRepository, content_digest, sha256_file, utc_now
-from components.s3repo import S3Settings
+from components.s3 import S3Settings
 
 LOG = log.get("publish")
 RESUME_WINDOW = 20  # how many recent allocations a re-run looks through for its own

@@ -9,8 +9,8 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from components.errors import TritonshipError
+from components.model.signature import DTYPES, NAME_PATTERN, Signature
 from components.settings import DEFAULT_INTRA_OP_THREADS
-from components.signature import DTYPES, NAME_PATTERN, Signature
 
 ModelConfig = mc.ModelConfig
 PYTORCH_PLATFORM = "pytorch_libtorch"  # Triton's PyTorch (libtorch) backend, what production serves model.pt with

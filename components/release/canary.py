@@ -5,7 +5,7 @@ requests (k of N pods behind a Service) while the rest still serve the stable ve
 the same seconds: a baseline with no traffic split, mesh or ingress (docs/design.md section 3).
 
 A **round** is `round_s` seconds between two readings of every replica's metrics endpoint
-(components/live_metrics.py). Per side (canary, stable) it gives the live requests served, the failed ones,
+(components/serving/live_metrics.py). Per side (canary, stable) it gives the live requests served, the failed ones,
 the mean latency (Triton's summed request duration over the successes) and, where the servers keep
 summaries, a p99. A round counts when each side served at least `min_requests`.
 
@@ -16,7 +16,7 @@ reference an equal candidate on the slower replica would look like a regression.
 is inconclusive before anything is switched. **After the switch** the first round never counts (a freshly
 loaded TorchScript specialises itself for each input shape it meets first).
 
-The effects, over the counted rounds, with the gate's statistics (components/gate_stats.py):
+The effects, over the counted rounds, with the gate's statistics (components/release/gate_stats.py):
 - mean latency, canary over stable: the change in the 20% trimmed mean of the per-round log ratios from before
   the switch to after it, with Yuen's two-sample interval (both samples' noise widens it);
 - p99 likewise, but only when rounds last Triton's summary window (60 s) or more: a shorter round's p99
@@ -40,12 +40,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from components import gate_stats, log
-from components.canary_settings import CanarySettings
+from components import log
 from components.errors import TritonshipError
-from components.live_metrics import Counts, MetricsUnavailable, Scrape, scrape
-from components.replicas import Replica
-from components.results import CanaryResult
+from components.release import gate_stats
+from components.release.canary_settings import CanarySettings
+from components.release.results import CanaryResult
+from components.serving.live_metrics import Counts, MetricsUnavailable, Scrape, scrape
+from components.serving.replicas import Replica
 
 LOG = log.get("canary")
 Progress = Callable[[str], None]

@@ -13,15 +13,16 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from components import ensemble, log, model_config
+from components import log
 from components.errors import TritonshipError
-from components.parity import OutputParity, Tolerance, compare, parity_table
+from components.model import ensemble, model_config
+from components.model.parity import OutputParity, Tolerance, compare, parity_table
+from components.model.signature import Signature
+from components.release.results import StageResult
 from components.repository import ModelRepository, candidate_name, lease_owner
-from components.results import StageResult
-from components.s3repo import S3Settings
+from components.s3 import S3Settings
+from components.serving.triton_admin import TritonAdmin, TritonError, TritonUnreachable
 from components.settings import DEFAULT_LOAD_TIMEOUT_S
-from components.signature import Signature
-from components.triton_admin import TritonAdmin, TritonError, TritonUnreachable
 
 LOG = log.get("stage")
 

@@ -37,13 +37,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from components import log, trace_retarget
-from components.model_folder import load_checks, load_golden, save_checks, save_golden
-from components.model_source import ExportError, first_line, load_model
-from components.s3repo import S3Settings
+from components import log
+from components.model import trace_retarget
+from components.model.model_folder import load_checks, load_golden, save_checks, save_golden
+from components.model.model_source import ExportError, first_line, load_model
+from components.model.signature import POINTS, Signature, SignatureError, check_tensor, dtype_name
+from components.s3 import S3Settings
 from components.settings import DEFAULT_EXPORT_METHOD, DEFAULT_GOLDEN_SAMPLES
 from components.settings import ExportMethod as Method
-from components.signature import POINTS, Signature, SignatureError, check_tensor, dtype_name
 
 LOG = log.get("export")
 EXPORTED_PROGRAM_FILE = "exported.pt2"

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from components.errors import TritonshipError
-from components.s3repo import S3Settings, download_file, split_s3_uri
+from components.s3 import S3Settings, download_file, split_s3_uri
 
 
 class ExportError(TritonshipError):

@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components import log
-from components.ensemble import member_names
 from components.errors import TritonshipError
-from components.model_config import ModelConfig
-from components.replicas import Replica
+from components.model.ensemble import member_names
+from components.model.model_config import ModelConfig
 from components.repository import ModelRepository
-from components.s3repo import S3Settings
-from components.triton_admin import TritonAdmin
+from components.s3 import S3Settings
+from components.serving.replicas import Replica
+from components.serving.triton_admin import TritonAdmin
 
 LOG = log.get("reconcile")
 

@@ -6,8 +6,8 @@ import html
 from pathlib import Path
 from typing import Any
 
-from components.canary_settings import SUMMARY_WINDOW_S
-from components.results import CanaryResult
+from components.release.canary_settings import SUMMARY_WINDOW_S
+from components.release.results import CanaryResult
 
 ROUND_HEADER = (
     "round",

@@ -7,8 +7,8 @@ import html
 from pathlib import Path
 from typing import Any
 
-from components import server_metrics
-from components.results import GateResult
+from components.release.results import GateResult
+from components.serving import server_metrics
 
 PLOT_FILE = "limits.png"
 

@@ -12,9 +12,10 @@ import numpy as np
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from components import admin_key, log
+from components import log
 from components.errors import TritonshipError
-from components.model_config import ModelConfig, to_json
+from components.model.model_config import ModelConfig, to_json
+from components.serving import admin_key
 
 LOG = log.get("triton")
 T = TypeVar("T")
@@ -33,7 +34,7 @@ def _normalise(url: str) -> str:
 
 
 class TritonAdmin:
-    """One Triton server's HTTP endpoint (host:port). Admin calls carry the admin key (components/admin_key.py,
+    """One Triton server's HTTP endpoint (host:port). Admin calls carry the admin key (components/serving/admin_key.py,
     from the environment unless given): load, unload, the repository index and model configs."""
 
     def __init__(

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from components import admin_key, log
+from components import log
+from components.serving import admin_key
+from components.serving.tools import find_perf_analyzer
 from components.settings import LoadSettings
-from components.tools import find_perf_analyzer
 
 LOG = log.get("perf")
 

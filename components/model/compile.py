@@ -6,7 +6,7 @@ Targets:
 - `torchscript`: traced and frozen TorchScript on CPU or CUDA; fp16 on CUDA.
 
 The torchscript target starts from the eager module's trace that the export step made beside a
-torch.export artifact (components/export.py says why), else from the exported model itself.
+torch.export artifact (components/model/export.py says why), else from the exported model itself.
 The compiled file is loaded back from disk and run on the golden inputs and at every shape the export
 step recorded (batch 1, an odd batch, max_batch_size, two sizes of each dynamic dimension), which
 catches sizes baked in by tracing; every output is compared with the eager fp32 reference. A mismatch
@@ -28,11 +28,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from components import log, model_folder, trace_retarget
+from components import log
 from components.errors import TritonshipError
-from components.export import ExportedModel, read_export
-from components.model_config import validate_model_name
-from components.parity import DEFAULT_TOLERANCES, OutputParity, Tolerance, compare, parity_table
+from components.model import model_folder, trace_retarget
+from components.model.export import ExportedModel, read_export
+from components.model.model_config import validate_model_name
+from components.model.parity import DEFAULT_TOLERANCES, OutputParity, Tolerance, compare, parity_table
+from components.model.signature import FLOAT_DTYPES, POINTS, Signature
 from components.settings import (
     DEFAULT_COMPILE_DEVICE,
     DEFAULT_PRECISION,
@@ -43,7 +45,6 @@ from components.settings import (
     Precision,
     Target,
 )
-from components.signature import FLOAT_DTYPES, POINTS, Signature
 
 LOG = log.get("compile")
 COMPILE_IMAGE_HINT = "run the compile step in the compile image (images/compile.Dockerfile, NGC pytorch:<YY.MM>-py3)"

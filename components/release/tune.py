@@ -37,16 +37,18 @@ from pathlib import Path
 
 import numpy as np
 
-from components import ensemble, log, model_config, perf, server_metrics
+from components import log
 from components.errors import TritonshipError
-from components.model_config import ServingSettings
+from components.model import ensemble, model_config
+from components.model.model_config import ServingSettings
+from components.release.results import Trial, TuneResult
+from components.release.stage import CandidateVersion, read_candidate
+from components.release.step_settings import TuneSettings
 from components.repository import ModelRepository, candidate_name
-from components.results import Trial, TuneResult
-from components.s3repo import S3Settings
+from components.s3 import S3Settings
+from components.serving import perf, server_metrics
+from components.serving.triton_admin import TritonAdmin, TritonError
 from components.settings import LoadSettings
-from components.stage import CandidateVersion, read_candidate
-from components.step_settings import TuneSettings
-from components.triton_admin import TritonAdmin, TritonError
 
 LOG = log.get("tune")
 WARM_UP_REQUESTS = 20
@@ -334,7 +336,7 @@ def tune(
     default's runs and count against the default, so one run of the default comes first and is kept apart
     (TuneResult.warm_up).
     Turned off it returns the default settings. An ensemble's members are all served with the same
-    settings (components/ensemble.py, with_serving_settings).
+    settings (components/model/ensemble.py, with_serving_settings).
     With the gate server's `metrics_url`, each trial carries its GPU and CPU utilisation."""
     settings = settings or TuneSettings()
     repo = ModelRepository(repository, s3)

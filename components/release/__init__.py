@@ -1,0 +1,12 @@
+"""What a release does: the steps from a compiled folder to production, and how each one decides. Imports the
+serving, repository and model rooms and the ground floor.
+
+    publish          an immutable version in the S3 repository, manifest written last
+    stage            the candidate loaded dark on the gate, its accuracy checked
+    tune             serving settings searched on the gate
+    gate             the candidate measured against stable, verdict and report (gate_stats, gate_report)
+    promote          every replica switched (first the canary: canary, canary_settings, canary_report), or reverted
+    reconcile        replicas brought back to the desired state in S3
+    results          every step's result type
+    step_settings    every step's settings type and flat parameter table, for the CLI and the pipeline
+"""
