@@ -33,6 +33,7 @@ from components.release.publish import publish
 from components.release.stage import stage
 from pipelines.live_traffic import LiveTraffic
 from pipelines.samples import bert4rec
+from pipelines.samples.bert4rec import build as bert4rec_build
 from pipelines.stack import EmbeddedStack
 from tests.release_helpers import install_stable, replicas, repository
 
@@ -117,7 +118,7 @@ def main() -> None:
     )
     work = Path(tempfile.mkdtemp(prefix="canary-quality-"))
     folders = {
-        kind: bert4rec.compiled_folder(factory, bert4rec.DYNAMIC_SIGNATURE, work / kind / MODEL)
+        kind: bert4rec_build.compiled_folder(factory, bert4rec.DYNAMIC_SIGNATURE, work / kind / MODEL)
         for kind, factory in (("aa", "demo_v2"), ("slow", "benchmarks.canary_quality:slow_on_live_mix"))
     }
     decisions: list[dict] = []

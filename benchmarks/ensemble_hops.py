@@ -33,6 +33,7 @@ from benchmarks.served_points import step_breakdown
 from components.serving import perf
 from components.serving.triton_admin import TritonAdmin
 from pipelines.samples import bert4rec
+from pipelines.samples.bert4rec import build as bert4rec_build
 from pipelines.stack import PRODUCTION_PREFIX, EmbeddedStack
 from tests.models import upload_folder
 
@@ -73,10 +74,12 @@ def main() -> None:
         tmp_path = Path(tmp)
         factory = "users_v1" if users else "bert4rec_v1"
         bundles = [
-            bert4rec.build_bundle(tmp_path / name, factory, name, args.device, args.precision, tolerance, compiled)
+            bert4rec_build.build_bundle(
+                tmp_path / name, factory, name, args.device, args.precision, tolerance, compiled
+            )
             for name, compiled in (("hops", False), ("hopsc", True))
         ]
-        folded = bert4rec.build_folded(
+        folded = bert4rec_build.build_folded(
             tmp_path / "hops_folded",
             "users_folded_v1" if users else "folded_v1",
             args.device,

@@ -67,6 +67,7 @@ from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin, TritonError
 from components.settings import RELAXED_STABILITY_PCT, GateSettings, Thresholds
 from pipelines.samples import bert4rec
+from pipelines.samples.bert4rec import build as bert4rec_build
 from pipelines.stack import EmbeddedStack
 
 HERE = Path(__file__).parent
@@ -240,10 +241,10 @@ def main() -> None:
         t = time.monotonic()
         tolerance = bert4rec.USERS_FP16_TOLERANCE if args.precision == "fp16" and args.size == "users" else None
         if folded:
-            bundle = bert4rec.build_folded(Path(tmp) / name, factory, args.device, args.precision, tolerance)
+            bundle = bert4rec_build.build_folded(Path(tmp) / name, factory, args.device, args.precision, tolerance)
         else:
             compiled_steps = args.steps == "torchscript"
-            bundle = bert4rec.build_bundle(
+            bundle = bert4rec_build.build_bundle(
                 Path(tmp) / "bundle", factory, name, args.device, args.precision, tolerance, compiled_steps
             )
         report["build_seconds"] = time.monotonic() - t

@@ -17,8 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from components import log
+from components.errors import TritonshipError
 
 LOG = log.get("stack")
+
+
+class StackError(TritonshipError):
+    """The embedded stack could not start or stop."""
 
 
 def free_port() -> int:

@@ -16,7 +16,6 @@ import os
 import secrets
 import shutil
 import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -26,7 +25,6 @@ from pathlib import Path
 import requests
 
 from components import log
-from components.errors import TritonshipError
 from components.repository.store import PRODUCTION as PRODUCTION_PREFIX
 from components.repository.store import STAGING as STAGING_PREFIX
 from components.s3 import S3Settings
@@ -35,15 +33,10 @@ from components.serving.replicas import Replica
 from components.serving.tools import find_perf_analyzer, tools_dir
 from pipelines import s3_principals
 from pipelines.outage import TcpSwitch
-from pipelines.processes import ManagedProcess, free_port, port_is_open, wait_until
+from pipelines.processes import ManagedProcess, StackError, free_port, port_is_open, wait_until
+from pipelines.triton_install import backend_directory, triton_env
 
 LOG = log.get("stack")
-TRITON_IMAGE_VERSION = "2.51.0"
-PYTORCH_BACKEND = "libtriton_pytorch.so"
-
-
-class StackError(TritonshipError):
-    """The embedded stack could not start or stop."""
 
 
 def gpu_visible() -> bool:
@@ -304,9 +297,9 @@ class EmbeddedStack:
             for kind, default in (("http", 8000), ("grpc", 8001), ("metrics", 8002))
         ]
         binary = tools_dir() / "pytriton" / "tritonserver" / "bin" / "tritonserver"
-        argv = [str(binary), *args, f"--backend-directory={self._backend_directory()}"]
+        argv = [str(binary), *args, f"--backend-directory={backend_directory(self.workdir)}"]
         principal = "gate" if any(a.rstrip("/").endswith(f"/{STAGING_PREFIX}") for a in args) else "production"
-        env = self._triton_env(self.principals[principal])
+        env = triton_env(self.principals[principal])
         proc = ManagedProcess(name, argv, env, self.workdir / "logs" / f"{name}.log", self.detach, _replica_cpus(name))
         server = TritonServer(name, list(prefixes), *ports, proc)
         proc.start()
@@ -329,47 +322,6 @@ class EmbeddedStack:
         server.process.start()
         server.wait_ready(self.start_timeout)
         return server
-
-    def _triton_env(self, s3: S3Settings) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != admin_key.ENV}
-        env.update(s3.env())
-        libs = tools_dir() / "nvidia_pytriton.libs"
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
-        # The Python backend stub embeds the system libpython3.11; packages reach it through PYTHONPATH
-        # (which model.py honours). The stub's pybind11 code needs numpy 1.x, so the numpy that
-        # setup.sh put in .tools/stub-site comes before our environment's (torch) and the caller's PYTHONPATH.
-        inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(tools_dir() / "stub-site"), *inherited, sysconfig.get_paths()["purelib"]]
-        )
-        env.setdefault("OMP_NUM_THREADS", "1")
-        return env
-
-    def _backend_directory(self) -> Path:
-        """Triton's PyTorch backend (built by scripts/build_pytorch_backend.sh) beside the wheel's Python
-        backend, which an ensemble's pre/post steps run on."""
-        backends = self.workdir / "backends"
-        python = backends / "python"
-        if not (python / "triton_python_backend_stub").exists():
-            source = tools_dir() / "pytriton" / "tritonserver"
-            if not source.exists():
-                raise StackError(
-                    f"the embedded tritonserver is not installed under {tools_dir()}; run scripts/setup.sh."
-                )
-            python.mkdir(parents=True, exist_ok=True)
-            for item in (source / "backends" / "python").iterdir():
-                if item.is_file():
-                    shutil.copy2(item, python / item.name)
-            version = f"{sys.version_info.major}.{sys.version_info.minor}"
-            shutil.copy2(source / "python_backend_stubs" / version / "triton_python_backend_stub", python)
-        pytorch = backends / "pytorch" / PYTORCH_BACKEND
-        if not pytorch.exists():
-            built = tools_dir() / "backends" / "pytorch" / PYTORCH_BACKEND
-            if not built.is_file():
-                raise StackError(f"Triton's PyTorch backend is not built ({built} is missing); run scripts/setup.sh.")
-            pytorch.parent.mkdir(parents=True, exist_ok=True)
-            pytorch.symlink_to(built.resolve())
-        return backends
 
     # ------------------------------------------------------------------------------------ describe
     def describe(self) -> dict[str, object]:

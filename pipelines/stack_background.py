@@ -9,8 +9,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipelines.processes import ManagedProcess, group_members, kill_group, wait_group_gone
-from pipelines.stack import EmbeddedStack, StackError
+from pipelines.processes import ManagedProcess, StackError, group_members, kill_group, wait_group_gone
+from pipelines.stack import EmbeddedStack
 
 STATE_FILE = "state.json"
 

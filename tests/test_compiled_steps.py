@@ -14,10 +14,11 @@ from components.model import model_folder
 from components.model.ensemble import EnsembleError, read_bundle, reference_outputs, step_at
 from components.model.signature import Signature
 from pipelines.samples import bert4rec
+from pipelines.samples.bert4rec import build as bert4rec_build
 
 
 def test_a_step_py_folder_needs_its_signature(tmp_path):
-    (python_pre,) = bert4rec.ensemble_steps(tmp_path, "b4r")[:1]
+    (python_pre,) = bert4rec_build.ensemble_steps(tmp_path, "b4r")[:1]
     with pytest.raises(EnsembleError, match="is a step.py folder; give its signature"):
         step_at("b4r_pre", python_pre.directory)
 
@@ -27,8 +28,8 @@ def test_the_cli_assembles_an_ensemble_from_compiled_steps(tmp_path):
     the Python steps' exactly, and the steps are PyTorch-backend members marked as steps."""
     size = bert4rec.DEMO
     signatures = size.signatures()
-    model = bert4rec.compiled_folder("bert4rec_v1", signatures["model"], tmp_path / "b4r_model")
-    pre, post = bert4rec.ensemble_steps(tmp_path / "compiled", "b4r", compiled=True)
+    model = bert4rec_build.compiled_folder("bert4rec_v1", signatures["model"], tmp_path / "b4r_model")
+    pre, post = bert4rec_build.ensemble_steps(tmp_path / "compiled", "b4r", compiled=True)
     Signature.from_dict(signatures["ensemble"]).save(tmp_path / "ensemble.yaml")
     history = bert4rec.histories(8, seed=11)
     history[0, :3] = 7  # no catalogue id: padding
@@ -46,7 +47,7 @@ def test_the_cli_assembles_an_ensemble_from_compiled_steps(tmp_path):
         assert (member.config.parameters["tritonship_role"].string_value == "step") == (
             member.config.name != "b4r_model"
         )
-    python_pre, python_post = bert4rec.ensemble_steps(tmp_path / "python", "b4r")
+    python_pre, python_post = bert4rec_build.ensemble_steps(tmp_path / "python", "b4r")
     model_signature = Signature.from_dict(signatures["model"])
     expected = reference_outputs(python_pre, bert4rec.bert4rec_v1(), model_signature, python_post, {"history": history})
     _, outputs = model_folder.load_golden(tmp_path / "bundle" / "b4r" / "1" / model_folder.GOLDEN_FILE)

@@ -26,6 +26,7 @@ from components.repository import ModelRepository, candidate_name
 from components.serving.triton_admin import TritonAdmin, TritonError
 from components.settings import Thresholds
 from pipelines.samples import bert4rec, recsys
+from pipelines.samples.bert4rec import build as bert4rec_build
 from tests.release_helpers import ABSOLUTE_GATE, TEST_GATE, SteadyClient, replicas, repository, unique
 
 NAME = "recsys"
@@ -229,7 +230,9 @@ def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, steps, tmp
     `torchscript`, compiled like the model and served by the PyTorch backend. The cuda case is the same
     release with the model on a KIND_GPU instance (the lent GPU machine)."""
     name = unique("b4r")
-    bundle = bert4rec.build_bundle(tmp_path / "bundle", name=name, device=device, compiled_steps=steps == "torchscript")
+    bundle = bert4rec_build.build_bundle(
+        tmp_path / "bundle", name=name, device=device, compiled_steps=steps == "torchscript"
+    )
     repo_uri = repository(stack)
     version = publish(bundle, repo_uri, s3=stack.s3).version
     staged = stage(repo_uri, name, version, stack.gate.http_url, s3=stack.s3, run_id="b4r")
@@ -382,7 +385,7 @@ def test_the_bert4rec_with_its_steps_folded_in_answers_as_pre_model_post(tmp_pat
     from components.model.ensemble import reference_outputs
     from components.model.signature import Signature
 
-    pre, post = bert4rec.ensemble_steps(tmp_path, "b4r")
+    pre, post = bert4rec_build.ensemble_steps(tmp_path, "b4r")
     history = bert4rec.histories(8, seed=3)
     history[0, :5] = 12_345  # no catalogue id
     model = Signature.from_dict(bert4rec.MODEL_SIGNATURE)

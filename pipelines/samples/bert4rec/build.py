@@ -1,0 +1,129 @@
+"""Building the BERT4Rec sample's releases through the export and compile steps: a model folder, the
+ensemble's pre/post steps (Python or TorchScript), the ensemble bundle, and the folded form."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from components.model.parity import Tolerance
+from pipelines.samples.bert4rec import DEMO, HERE, TOP_K, USERS, Size, histories
+
+if TYPE_CHECKING:
+    from components.model.ensemble import CompiledStep, Step
+
+
+def compiled_folder(
+    factory: str,
+    signature: dict,
+    out: Path,
+    device: str = "cpu",
+    precision: str = "fp32",
+    tolerance: Tolerance | None = None,
+    golden: dict[str, np.ndarray] | None = None,
+) -> Path:
+    """The sample's `factory` (or any "module:function") through the export and compile steps (TorchScript for Triton's PyTorch
+    backend, on `device` at `precision`, checked at `tolerance`): the model folder `out`, named as it."""
+    from components.model.compile import compile_model
+    from components.model.export import export
+
+    with tempfile.TemporaryDirectory(prefix="tritonship-bert4rec-") as tmp:
+        work = Path(tmp)
+        (work / "signature.json").write_text(json.dumps(signature))
+        if golden is not None:
+            np.savez(work / "golden.npz", **golden)
+        export(
+            factory if ":" in factory else f"pipelines.samples.bert4rec:{factory}",
+            work / "signature.json",
+            work / "export",
+            golden=work / "golden.npz" if golden is not None else None,
+        )
+        compile_model(work / "export", out, out.name, precision=precision, device=device, tolerance=tolerance)
+    return out
+
+
+STEP_FACTORIES = {DEMO: ("catalogue_pre", "catalogue_post"), USERS: ("users_catalogue_pre", "users_catalogue_post")}
+
+
+def ensemble_steps(work: Path, name: str, size: Size = DEMO, compiled: bool = False) -> list[Step | CompiledStep]:
+    """The pre and post steps under `work`, reading the catalogue of `size`: step.py folders for the Python
+    backend, or `compiled`, CataloguePre and CataloguePost compiled to TorchScript for the PyTorch backend
+    (on the CPU: a lookup and a gather, no work for a GPU)."""
+    from components.model.ensemble import CompiledStep, Step
+    from components.model.signature import Signature
+
+    if compiled:
+        rng = np.random.default_rng(7)
+        goldens = [
+            {"history": histories(16, seed=7, size=size)},
+            {
+                "topk_indices": rng.integers(0, size.items + 2, size=(16, TOP_K)),
+                "topk_scores": rng.random((16, TOP_K), dtype=np.float32),
+            },
+        ]
+        return [
+            CompiledStep(
+                f"{name}_{role}",
+                compiled_folder(factory, size.signatures()[role], work / f"{name}_{role}", golden=golden),
+            )
+            for role, factory, golden in zip(("pre", "post"), STEP_FACTORIES[size], goldens, strict=True)
+        ]
+    steps: list[Step | CompiledStep] = []
+    for role in ("pre", "post"):
+        directory = work / f"{name}_{role}"
+        shutil.copytree(HERE / role, directory, ignore=shutil.ignore_patterns("__pycache__"))
+        (directory / "item_index.json").write_text(json.dumps({"item_ids": size.catalogue_ids()}))
+        steps.append(Step(f"{name}_{role}", directory, Signature.from_dict(size.signatures()[role])))
+    return steps
+
+
+def build_bundle(
+    out: Path,
+    factory: str = "bert4rec_v1",
+    name: str = "bert4rec",
+    device: str = "cpu",
+    precision: str = "fp32",
+    tolerance: Tolerance | None = None,
+    compiled_steps: bool = False,
+) -> Path:
+    """Export (default method) and compile the model (TorchScript for Triton's PyTorch backend; on `device`
+    at `precision`, checked at `tolerance`, else the precision's), then assemble the release bundle with the
+    pre- and postprocessing steps (Python, or `compiled_steps`: TorchScript). The size is the factory's
+    model's."""
+    from components.model.ensemble import assemble
+    from components.model.signature import Signature
+
+    eager = globals()[factory]()
+    size, signatures = eager.size, eager.size.signatures()
+    with tempfile.TemporaryDirectory(prefix="tritonship-bert4rec-") as tmp:
+        work = Path(tmp)
+        model = compiled_folder(factory, signatures["model"], work / f"{name}_model", device, precision, tolerance)
+        assemble(
+            out,
+            name,
+            Signature.from_dict(signatures["ensemble"]),
+            model,
+            *ensemble_steps(work, name, size, compiled_steps),
+            eager,
+            {"history": histories(16, size=size)},
+        )
+    return out
+
+
+def build_folded(
+    out: Path,
+    factory: str = "folded_v1",
+    device: str = "cpu",
+    precision: str = "fp32",
+    tolerance: Tolerance | None = None,
+) -> Path:
+    """The model with its steps folded in (`WithCatalogue`) through the export and compile steps as one
+    model folder `out` (named as it), its golden samples real histories; the size is the factory's model's."""
+    size = globals()[factory]().model.size
+    golden = {"history": histories(16, seed=7, size=size)}
+    return compiled_folder(factory, size.signatures()["folded"], out, device, precision, tolerance, golden)
