@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from components.release import canary_report
 from components.release.canary import Side, effects
 from components.release.canary_settings import CanarySettings
 from components.release.gate_stats import judge
@@ -111,6 +112,12 @@ def test_an_equal_candidate_passes_the_canary_and_reaches_every_replica_with_no_
     assert _served(stack, name) == [version, version]
     promoted = next(e for e in _history(stack, name) if e["event"] == "promoted" and e["version"] == version)
     assert promoted["canary"]["decision"] == "pass"
+    canary_report.write(canary, tmp_path / "report")  # what the KFP promote task shows
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert (
+        markdown.startswith(f"# Canary: {name} v{version} against v1 — **PASS**") and "| before 1 | yes |" in markdown
+    )
+    assert "<img" in (tmp_path / "report" / "report.html").read_text()  # each limit's interval, plotted
 
 
 def test_a_candidate_slow_only_on_the_live_mix_is_reverted_with_no_failed_request(tmp_path, stack):

@@ -1,12 +1,16 @@
-"""The canary's report: Markdown and HTML (for the KFP UI) of a CanaryResult, and its one-line summary."""
+"""The canary's report: Markdown and HTML (for the KFP UI, with each limit's interval plotted as the gate's) of a
+CanaryResult, and its one-line summary."""
 
 from __future__ import annotations
 
 import html
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from components.release import gate_report
 from components.release.canary_settings import SUMMARY_WINDOW_S
+from components.release.gate_stats import Effect
 from components.release.results import CanaryResult
 
 ROUND_HEADER = (
@@ -90,7 +94,7 @@ def markdown(result: CanaryResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def html_page(result: CanaryResult) -> str:
+def html_page(result: CanaryResult, png: Path | None = None) -> str:
     colour = {"pass": "#1a7f37", "fail": "#cf222e"}.get(result.decision, "#9a6700")
     header = "".join(f"<th>{html.escape(h)}</th>" for h in ROUND_HEADER)
     rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in round_rows(result))
@@ -101,7 +105,7 @@ def html_page(result: CanaryResult) -> str:
         "</style></head><body>"
         f"<h1>Canary: {html.escape(result.model)} v{result.version}: "
         f"<span style='color:{colour}'>{result.decision.upper()}</span></h1>"
-        f"<p>{html.escape(_how(result))}</p><ul>{reasons}</ul>"
+        f"<p>{html.escape(_how(result))}</p><ul>{reasons}</ul>{gate_report.embedded_image(png)}"
         f"<table><tr>{header}</tr>{rows}</table></body></html>"
     )
 
@@ -111,5 +115,8 @@ def write(result: CanaryResult, out_dir: Path | None) -> None:
     if out_dir is None:
         return
     out_dir.mkdir(parents=True, exist_ok=True)
+    png = out_dir / gate_report.PLOT_FILE
+    effects = [Effect(**{f.name: e[f.name] for f in fields(Effect)}) for e in result.effects]
+    has_plot = gate_report.plot(effects, f"canary of {result.model} v{result.version}: {result.decision}", png)
     (out_dir / "report.md").write_text(markdown(result))
-    (out_dir / "report.html").write_text(html_page(result))
+    (out_dir / "report.html").write_text(html_page(result, png if has_plot else None))

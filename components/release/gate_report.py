@@ -7,6 +7,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from components.release.gate_stats import Effect
 from components.release.results import GateResult
 from components.serving import server_metrics
 
@@ -171,19 +172,17 @@ def markdown(result: GateResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(result: GateResult, path: Path) -> bool:
-    """Each limit's interval against the limit; False when there is nothing to plot."""
-    if not result.effects:
+def plot(effects: list[Effect], title: str, path: Path) -> bool:
+    """Each limit's interval against the limit (the gate's and the canary's); False when there is nothing to plot."""
+    if not effects:
         return False
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(
-        len(result.effects), 1, figsize=(6.4, 1.3 + 1.1 * len(result.effects)), dpi=110, squeeze=False
-    )
-    for ax, effect in zip(axes[:, 0], result.effects, strict=True):
+    fig, axes = plt.subplots(len(effects), 1, figsize=(6.4, 1.3 + 1.1 * len(effects)), dpi=110, squeeze=False)
+    for ax, effect in zip(axes[:, 0], effects, strict=True):
         scale = 100 if effect.unit == "%" else 1
         est, low, high, limit = (v * scale for v in (effect.estimate, effect.low, effect.high, effect.limit))
         colour = {"within": "tab:green", "beyond": "tab:red"}.get(effect.status, "tab:orange")
@@ -202,18 +201,23 @@ def plot(result: GateResult, path: Path) -> bool:
             else f"{effect.name}: {est:,.2f}{unit} [{low:,.2f}, {high:,.2f}], limit {limit:g}{unit} — {effect.status}",
             fontsize=9,
         )
-    fig.suptitle(f"{result.model} v{result.version}: {result.verdict} ({result.rounds} rounds)", fontsize=10)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return True
 
 
+def embedded_image(png: Path | None) -> str:
+    """An <img> of the plot inside the page itself (the KFP UI shows one HTML file), or nothing."""
+    if png is None or not png.exists():
+        return ""
+    encoded = base64.b64encode(png.read_bytes()).decode()
+    return f'<img alt="the interval of each limit against the limit" src="data:image/png;base64,{encoded}">'
+
+
 def html_page(result: GateResult, png: Path | None) -> str:
-    image = ""
-    if png is not None and png.exists():
-        encoded = base64.b64encode(png.read_bytes()).decode()
-        image = f'<img alt="the interval of each limit against the limit" src="data:image/png;base64,{encoded}">'
+    image = embedded_image(png)
     table = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows(result))
     header = "".join(f"<th>{html.escape(h)}</th>" for h in SUMMARY_HEADER)
     effects = "".join(f"<li>{html.escape(e.describe())}</li>" for e in result.effects)
@@ -240,6 +244,6 @@ def html_page(result: GateResult, png: Path | None) -> str:
 
 def write(result: GateResult, out_dir: Path) -> None:
     png = out_dir / PLOT_FILE
-    has_plot = plot(result, png)
+    has_plot = plot(result.effects, f"{result.model} v{result.version}: {result.verdict} ({result.rounds} rounds)", png)
     (out_dir / "report.md").write_text(markdown(result))
     (out_dir / "report.html").write_text(html_page(result, png if has_plot else None))
