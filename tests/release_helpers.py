@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -126,6 +127,7 @@ class SteadyClient:
         outputs: list[str],
         rate_hz: float = 100,
         expected: dict[int, dict[str, np.ndarray]] | None = None,
+        cpus: list[frozenset[int] | None] | None = None,
     ):
         self.urls, self.model, self.inputs, self.outputs = urls, model, inputs, outputs
         self.period = 1 / rate_hz
@@ -135,9 +137,14 @@ class SteadyClient:
         self.mismatches: list[tuple[str, int]] = []
         self.timeline: list[tuple[float, int]] = []
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(u,), daemon=True) for u in urls]
+        pinned = cpus or [None] * len(urls)
+        self._threads = [
+            threading.Thread(target=self._run, args=(u, c), daemon=True) for u, c in zip(urls, pinned, strict=True)
+        ]
 
-    def _run(self, url: str) -> None:
+    def _run(self, url: str, cpus: frozenset[int] | None) -> None:
+        if cpus:  # beside its replica, as pipelines/live_traffic.py says why
+            os.sched_setaffinity(0, cpus)
         # 30 s: on this 2-core machine the gate's perf_analyzers and backends share the cores with the
         # production replicas (in a cluster they do not); a request still unanswered then has failed.
         admin = TritonAdmin(url, timeout=30, retries=1)

@@ -83,13 +83,18 @@ def _history(stack: EmbeddedStack, name: str) -> list[dict]:
     return ModelRepository(repository(stack), stack.s3).history(name)
 
 
+def _cpus(stack: EmbeddedStack) -> list[frozenset[int] | None]:
+    """Each client beside its replica: else one replica serves slower than the other for tens of seconds."""
+    return [s.process.cpus for s in stack.replicas]
+
+
 def _release(stack, tmp_path, candidate: dict, client_hz: float = 40):
     """v1 stable everywhere, the candidate (sequence_folder's options) staged; promote with live traffic."""
     name = unique("canary")
     install_stable(stack, sequence_folder(tmp_path, name, seed=1))
     version = _staged(stack, sequence_folder(tmp_path, name, **candidate))
     urls = [s.http_url for s in stack.replicas] if client_hz else []
-    with SteadyClient(urls, name, LIVE, ["scores"], rate_hz=client_hz or 1) as client:
+    with SteadyClient(urls, name, LIVE, ["scores"], rate_hz=client_hz or 1, cpus=_cpus(stack)[: len(urls)]) as client:
         try:
             result, error = _promote(stack, name, version), None
         except CanaryRejected as exc:
@@ -186,7 +191,9 @@ def test_a_canary_replica_killed_mid_bake_fails_the_canary_and_every_replica_ser
             stack.restart_triton("prod-0", load_models=[name])  # a new pod: the desired state still names v1
 
     with (
-        SteadyClient([s.http_url for s in stack.replicas], name, LIVE, ["scores"], rate_hz=40) as client,
+        SteadyClient(
+            [s.http_url for s in stack.replicas], name, LIVE, ["scores"], rate_hz=40, cpus=_cpus(stack)
+        ) as client,
         pytest.raises(CanaryRejected, match="the canary prod-0 no longer serves") as info,
     ):
         _promote(stack, name, version, progress=kill_the_canary)
@@ -205,7 +212,8 @@ def test_an_ensemble_release_canaries_as_one(tmp_path, stack):
     version = _staged(stack, bundle)
     inputs, _ = load_golden(bundle / name / "1" / "golden.npz")
     request = {"history": inputs["history"][:1]}
-    with SteadyClient([s.http_url for s in stack.replicas], name, request, ["recommended"], rate_hz=40) as client:
+    urls = [s.http_url for s in stack.replicas]
+    with SteadyClient(urls, name, request, ["recommended"], rate_hz=40, cpus=_cpus(stack)) as client:
         result = _promote(stack, name, version)
     canary = result.canary
     assert result.promoted and canary.decision == "pass", canary.reasons
