@@ -10,7 +10,7 @@ client on its replica's CPU.
 A/A: the same model published again as a new version and promoted with the canary; a revert is a false alarm.
 Slow: the same answers with extra work that grows with the history's length cubed (`slow_on_live_mix`), so
 slower on the live mix only; a promotion is a miss. Each decision's outcome, time, effects and rounds go into
-the JSON after it is made (a cut run keeps them); the summary gives the rates, the median and worst time to a
+the JSON after it is made (a cut run keeps them, and `--resume` goes on from them on a fresh stack); the summary gives the rates, the median and worst time to a
 decision, how much slower the slow candidate was (the decisions' own mean-latency estimates, and the p99 from
 Triton's summaries in the last round before and after the switch) and the A/A rounds' noise."""
 
@@ -31,6 +31,7 @@ from components.release.canary_settings import CanarySettings
 from components.release.promote import CanaryRejected, promote
 from components.release.publish import publish
 from components.release.stage import stage
+from components.repository import ModelRepository
 from pipelines.live_traffic import LiveTraffic
 from pipelines.samples import bert4rec
 from pipelines.samples.bert4rec import build as bert4rec_build
@@ -109,6 +110,7 @@ def main() -> None:
     parser.add_argument("--max-bake-s", type=float, default=60.0)
     parser.add_argument("--max-latency-regression-pct", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/canary_quality.json"))
+    parser.add_argument("--resume", action="store_true", help="go on from the decisions already in --out")
     args = parser.parse_args()
     settings = CanarySettings(
         round_s=args.round_s,
@@ -121,19 +123,25 @@ def main() -> None:
         kind: bert4rec_build.compiled_folder(factory, bert4rec.DYNAMIC_SIGNATURE, work / kind / MODEL)
         for kind, factory in (("aa", "demo_v2"), ("slow", "benchmarks.canary_quality:slow_on_live_mix"))
     }
-    decisions: list[dict] = []
+    plan = [str(k) for k in np.random.default_rng(0).permutation(["aa"] * args.aa + ["slow"] * args.slow)]
+    previous = json.loads(args.out.read_text()) if args.resume else {}
+    decisions: list[dict] = previous.get("decisions", [])
+    runs: list[dict] = previous.get("runs", [])  # each stack's live clients: requests answered, failed
     with EmbeddedStack(replicas=2, gate=True) as stack:
         install_stable(stack, folders["aa"])
         urls, cpus = [s.http_url for s in stack.replicas], [s.process.cpus for s in stack.replicas]
         with LiveTraffic(urls, MODEL, rate_hz=args.rate, cpus=cpus) as clients:
-            plan = ["aa"] * args.aa + ["slow"] * args.slow
-            for i, kind in enumerate(np.random.default_rng(0).permutation(plan)):
+            runs.append({"first_decision": len(decisions) + 1})
+            for i, kind in list(enumerate(plan))[len(decisions) :]:
                 folder = shutil.copytree(folders[kind], work / f"{i}" / MODEL)
-                decisions.append({"kind": str(kind), **decide(stack, folder, f"canary-quality-{i}", settings)})
+                decisions.append({"kind": kind, **decide(stack, folder, f"canary-quality-{i}", settings)})
+                # Triton downloads every version folder on each load: keep two, as a production repository would
+                ModelRepository(repository(stack), stack.s3).retire(MODEL, keep=2)
                 d = decisions[-1]
                 print(i + 1, kind, d["decision"], f"{d['seconds']:.1f} s", "; ".join(d["reasons"]), flush=True)
+                runs[-1].update(client_requests=clients.total, client_failures=len(clients.failures))
                 args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps({"decisions": decisions}, indent=2, default=str))
+                args.out.write_text(json.dumps({"runs": runs, "decisions": decisions}, indent=2, default=str))
     seconds = [d["seconds"] for d in decisions]
     slow = [d for d in decisions if d["kind"] == "slow"]
     summary = {
@@ -145,13 +153,12 @@ def main() -> None:
         "worst_s": max(seconds),
         "slow_mean_latency_effect_median_pct": _median_pct([_latency(d) for d in slow]),
         "slow_p99_effect_median_pct": _median_pct([last_round_p99_effect(d) for d in slow]),
-        "client_requests": clients.total,
-        "client_failures": len(clients.failures),
+        "runs": runs,
         **aa_noise(decisions),
         "command": " ".join(["python -m benchmarks.canary_quality", *sys.argv[1:]]),
         "settings": settings.__dict__,
     }
-    args.out.write_text(json.dumps({"summary": summary, "decisions": decisions}, indent=2, default=str))
+    args.out.write_text(json.dumps({"summary": summary, "runs": runs, "decisions": decisions}, indent=2, default=str))
     print(json.dumps(summary, indent=2, default=str))
 
 
