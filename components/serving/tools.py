@@ -13,7 +13,7 @@ from pathlib import Path
 
 from components.errors import TritonshipError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def tools_dir() -> Path:
