@@ -32,7 +32,9 @@ from components.release.promote import CanaryRejected, promote
 from components.release.publish import publish
 from components.release.stage import stage
 from components.repository import ModelRepository
-from pipelines.live_traffic import LiveTraffic
+from components.serving import perf
+from components.settings import RELAXED_STABILITY_PCT, LoadSettings
+from pipelines.live_traffic import LiveTraffic, live_request
 from pipelines.samples import bert4rec
 from pipelines.samples.bert4rec import build as bert4rec_build
 from pipelines.stack import EmbeddedStack
@@ -69,6 +71,34 @@ def decide(stack: EmbeddedStack, folder: Path, run_id: str, settings: CanarySett
         "reasons": canary.reasons,
         "calibration": canary.calibration,
         "rounds": canary.rounds,
+    }
+
+
+def live_mix_effect(stack: EmbeddedStack, work: Path, rounds: int = 8) -> dict:
+    """The slow candidate's own effect on the live mix, measured apart from the canary: demo_v2 and
+    slow_on_live_mix served side by side on one production replica as two models, perf_analyzer at concurrency 1
+    with 64 of the clients' histories, the two models taking turns for `rounds` rounds (every request's latency
+    from the profile export); the median over rounds of each round's p99 and mean ratio, slow over stable."""
+    names = {"stable": "effect_stable", "slow": "effect_slow"}
+    for kind, factory in (("stable", "demo_v2"), ("slow", "benchmarks.canary_quality:slow_on_live_mix")):
+        install_stable(stack, bert4rec_build.compiled_folder(factory, bert4rec.DYNAMIC_SIGNATURE, work / names[kind]))
+    rng = np.random.default_rng(11)
+    entries = []
+    for _ in range(64):
+        request = live_request(rng)
+        entries.append({k: {"content": v.reshape(-1).tolist(), "shape": list(v.shape[1:])} for k, v in request.items()})
+    data = work / "live_mix.json"
+    data.write_text(json.dumps({"data": entries}))
+    load = LoadSettings(concurrency=1, window_ms=1000, stability_pct=RELAXED_STABILITY_PCT)
+    url = stack.replicas[0].http_url
+    ratios: dict[str, list[float]] = {"p99": [], "mean": []}
+    for _ in range(rounds):
+        runs = {kind: perf.measure(url, name, data, load) for kind, name in names.items()}
+        figures = {k: (np.percentile(r.latencies_us, 99), r.latencies_us.mean()) for k, r in runs.items()}
+        ratios["p99"].append(figures["slow"][0] / figures["stable"][0])
+        ratios["mean"].append(figures["slow"][1] / figures["stable"][1])
+    return {f"{k}_effect_median_pct": float((np.median(v) - 1) * 100) for k, v in ratios.items()} | {
+        "rounds": {k: [float(x) for x in v] for k, v in ratios.items()}
     }
 
 
@@ -111,7 +141,21 @@ def main() -> None:
     parser.add_argument("--max-latency-regression-pct", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/canary_quality.json"))
     parser.add_argument("--resume", action="store_true", help="go on from the decisions already in --out")
+    parser.add_argument(
+        "--effect-only", action="store_true", help="measure only the slow candidate's own effect on the live mix"
+    )
     args = parser.parse_args()
+    if args.effect_only:
+        with EmbeddedStack(replicas=1, gate=True) as stack:
+            effect = live_mix_effect(stack, Path(tempfile.mkdtemp(prefix="canary-effect-")))
+        out = args.out.with_name(args.out.stem + "_live_mix_effect.json")
+        out.write_text(
+            json.dumps(
+                {"command": " ".join(["python -m benchmarks.canary_quality", *sys.argv[1:]]), **effect}, indent=2
+            )
+        )
+        print(json.dumps(effect, indent=2))
+        return
     settings = CanarySettings(
         round_s=args.round_s,
         min_rounds=args.min_rounds,
