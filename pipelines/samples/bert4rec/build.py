@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from components.model.parity import Tolerance
+from pipelines.samples import bert4rec
 from pipelines.samples.bert4rec import DEMO, HERE, TOP_K, USERS, Size, histories
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def build_bundle(
     from components.model.ensemble import assemble
     from components.model.signature import Signature
 
-    eager = globals()[factory]()
+    eager = getattr(bert4rec, factory)()
     size, signatures = eager.size, eager.size.signatures()
     with tempfile.TemporaryDirectory(prefix="tritonship-bert4rec-") as tmp:
         work = Path(tmp)
@@ -124,6 +125,6 @@ def build_folded(
 ) -> Path:
     """The model with its steps folded in (`WithCatalogue`) through the export and compile steps as one
     model folder `out` (named as it), its golden samples real histories; the size is the factory's model's."""
-    size = globals()[factory]().model.size
+    size = getattr(bert4rec, factory)().model.size
     golden = {"history": histories(16, seed=7, size=size)}
     return compiled_folder(factory, size.signatures()["folded"], out, device, precision, tolerance, golden)
