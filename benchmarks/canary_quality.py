@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.canary_quality --aa 40 --slow 20 \
         --out benchmarks/results/canary_quality.json
+    .venv/bin/python -m benchmarks.canary_quality --effect-only     # the slow candidate's own effect, apart
 
 On the embedded stack (two production replicas, each on a CPU of its own) the demo's BERT4Rec (`demo_v2`,
 TorchScript through Triton's PyTorch backend) serves, and steady clients send each replica `--rate` requests a
@@ -44,8 +45,8 @@ MODEL = "bert4rec"
 
 
 def slow_on_live_mix() -> bert4rec.LongHistoryCost:
-    """demo_v2's answers with a 6 times wider window of extra work: nothing at 8 positions, about a quarter of
-    the served latency at 32-40 (benchmarks/README.md has the measured effect)."""
+    """demo_v2's answers with a 6 times wider window of extra work: nothing at 8 positions, about 30% more mean
+    latency at 32-40 (as the canary measured it, benchmarks/README.md)."""
     return bert4rec.LongHistoryCost(bert4rec.bert4rec_v2(), window=6)
 
 
