@@ -11,9 +11,10 @@ client on its replica's CPU.
 A/A: the same model published again as a new version and promoted with the canary; a revert is a false alarm.
 Slow: the same answers with extra work that grows with the history's length cubed (`slow_on_live_mix`), so
 slower on the live mix only; a promotion is a miss. Each decision's outcome, time, effects and rounds go into
-the JSON after it is made (a cut run keeps them, and `--resume` goes on from them on a fresh stack); the summary gives the rates, the median and worst time to a
-decision, how much slower the slow candidate was (the decisions' own mean-latency estimates, and the p99 from
-Triton's summaries in the last round before and after the switch) and the A/A rounds' noise."""
+the JSON after it is made (a cut run keeps them, and `--resume` goes on from them on a fresh stack); the
+summary gives the rates, the median and worst time to a decision, how much slower the slow candidate was
+(the decisions' own mean-latency estimates, and the p99 from Triton's summaries in the last round before and
+after the switch, which at rounds under a minute says little) and the A/A rounds' noise."""
 
 from __future__ import annotations
 

@@ -270,7 +270,8 @@ class EmbeddedStack:
                 "--grpc-address=127.0.0.1",
                 f"--allow-gpu-metrics={'true' if gpu_visible() else 'false'}",  # nv_gpu_* for the reports
                 "--allow-cpu-metrics=true",
-                # latency quantiles per model and version, which promote's canary compares (components/release/canary.py)
+                # latency quantiles per model and version, which promote's canary compares
+                # (components/release/canary.py)
                 "--metrics-config=summary_latencies=true",
                 "--exit-timeout-secs=5",
                 "--log-verbose=0",

@@ -1,8 +1,9 @@
-"""The canary's settings (promote's live-traffic phase, components/release/canary.py): named defaults, the flat table the
-`tritonship promote` options and the pipeline's parameters take, and the settings type, validated where built.
+"""The canary's settings (promote's live-traffic phase, components/release/canary.py): named defaults, the
+flat table the `tritonship promote` options and the pipeline's parameters take, and the settings type,
+validated where built.
 
-The defaults are for production: rounds of 60 s, Triton's summary window (components/serving/live_metrics.py), so a
-round's p99 covers that round alone and takes part in the decision; at least 5 rounds, at most 15 minutes."""
+The defaults are for production: rounds of 60 s, Triton's summary window (components/serving/live_metrics.py),
+so a round's p99 covers that round alone and takes part in the decision; at least 5 rounds, at most 15 minutes."""
 
 from __future__ import annotations
 

@@ -10,9 +10,10 @@ Promote (only on a `pass` verdict):
 4. if any replica fails: write the previous desired state back, reload every replica to it, fail;
 5. unload the candidate from the gate server.
 
-With a canary (components/release/canary.py) the first replicas are compared with the others on live traffic while all
-still serve the stable version, then switched before step 2 and measured against them again; the desired state changes only once the canary passes, so a pod restarting
-during the bake comes up on the stable version. A canary that fails reverts the switched replicas.
+With a canary (components/release/canary.py) the first replicas are compared with the others on live
+traffic while all still serve the stable version, then switched before step 2 and measured against them
+again; the desired state changes only once the canary passes, so a pod restarting during the bake comes
+up on the stable version. A canary that fails reverts the switched replicas.
 
 An ensemble release (components/model/ensemble.py) does the same for its members and the ensemble together:
 members' version N is loaded beside the old one, the ensemble is reloaded pinned to N in one step,

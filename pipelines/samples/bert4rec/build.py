@@ -28,8 +28,9 @@ def compiled_folder(
     tolerance: Tolerance | None = None,
     golden: dict[str, np.ndarray] | None = None,
 ) -> Path:
-    """The sample's `factory` (or any "module:function") through the export and compile steps (TorchScript for Triton's PyTorch
-    backend, on `device` at `precision`, checked at `tolerance`): the model folder `out`, named as it."""
+    """The sample's `factory` (or any "module:function") through the export and compile steps (TorchScript
+    for Triton's PyTorch backend, on `device` at `precision`, checked at `tolerance`): the model folder `out`,
+    named as it."""
     from components.model.compile import compile_model
     from components.model.export import export
 
