@@ -1,15 +1,17 @@
 """How often promote's canary decides right on this machine, for the users' model under steady live traffic.
 
-    .venv/bin/python -m benchmarks.canary_quality --aa 40 --slow 20 \
+    .venv/bin/python -m benchmarks.canary_quality --aa 40 --slow 20 --slow-window 6 \
         --out benchmarks/results/canary_quality.json
-    .venv/bin/python -m benchmarks.canary_quality --effect-only     # the slow candidate's own effect, apart
+    .venv/bin/python -m benchmarks.canary_quality --aa 0 --slow 20 --slow-window 7 \
+        --out benchmarks/results/canary_quality_window_7.json
+    .venv/bin/python -m benchmarks.canary_quality --effect-only --slow-window 7  # its own effect, apart
 
 On the embedded stack (two production replicas, each on a CPU of its own) the demo's BERT4Rec (`demo_v2`,
 TorchScript through Triton's PyTorch backend) serves, and steady clients send each replica `--rate` requests a
 second of the live mix (histories of 32 to 40 items; the gate measures at 8, pipelines/live_traffic.py), each
 client on its replica's CPU.
 A/A: the same model published again as a new version and promoted with the canary; a revert is a false alarm.
-Slow: the same answers with extra work that grows with the history's length cubed (`slow_on_live_mix`), so
+Slow: the same answers with extra work that grows with the history's length cubed (`slow_window_6`, `_7`), so
 slower on the live mix only; a promotion is a miss. Each decision's outcome, time, effects and rounds go into
 the JSON after it is made (a cut run keeps them, and `--resume` goes on from them on a fresh stack); the
 summary gives the rates, the median and worst time to a decision, how much slower the slow candidate was
@@ -45,10 +47,19 @@ from tests.release_helpers import install_stable, replicas, repository
 MODEL = "bert4rec"
 
 
-def slow_on_live_mix() -> bert4rec.LongHistoryCost:
-    """demo_v2's answers with a 6 times wider window of extra work: nothing at 8 positions, about 30% more mean
-    latency at 32-40 (as the canary measured it, benchmarks/README.md)."""
+def slow_window_6() -> bert4rec.LongHistoryCost:
+    """demo_v2's answers with a 6 times wider window of extra work: nothing at 8 positions, on the live mix about
+    +33% mean latency and +20% p99 (`--effect-only --slow-window 6`, benchmarks/README.md)."""
     return bert4rec.LongHistoryCost(bert4rec.bert4rec_v2(), window=6)
+
+
+def slow_window_7() -> bert4rec.LongHistoryCost:
+    """The same with a 7 times wider window: on the live mix about +60% mean latency and +31% p99."""
+    return bert4rec.LongHistoryCost(bert4rec.bert4rec_v2(), window=7)
+
+
+def slow_factory(window: int) -> str:
+    return f"benchmarks.canary_quality:slow_window_{window}"
 
 
 def decide(stack: EmbeddedStack, folder: Path, run_id: str, settings: CanarySettings) -> dict:
@@ -76,13 +87,13 @@ def decide(stack: EmbeddedStack, folder: Path, run_id: str, settings: CanarySett
     }
 
 
-def live_mix_effect(stack: EmbeddedStack, work: Path, rounds: int = 8) -> dict:
+def live_mix_effect(stack: EmbeddedStack, work: Path, slow: str, rounds: int = 24) -> dict:
     """The slow candidate's own effect on the live mix, measured apart from the canary: demo_v2 and
-    slow_on_live_mix served side by side on one production replica as two models, perf_analyzer at concurrency 1
+    the `slow` factory's candidate served side by side on one production replica as two models, perf_analyzer at concurrency 1
     with 64 of the clients' histories, the two models taking turns for `rounds` rounds (every request's latency
     from the profile export); the median over rounds of each round's p99 and mean ratio, slow over stable."""
     names = {"stable": "effect_stable", "slow": "effect_slow"}
-    for kind, factory in (("stable", "demo_v2"), ("slow", "benchmarks.canary_quality:slow_on_live_mix")):
+    for kind, factory in (("stable", "demo_v2"), ("slow", slow)):
         install_stable(stack, bert4rec_build.compiled_folder(factory, bert4rec.DYNAMIC_SIGNATURE, work / names[kind]))
     rng = np.random.default_rng(11)
     entries = []
@@ -136,6 +147,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--aa", type=int, default=40)
     parser.add_argument("--slow", type=int, default=20)
+    parser.add_argument("--slow-window", type=int, choices=(6, 7), default=7, help="the slow candidate's window")
     parser.add_argument("--rate", type=float, default=300.0, help="live requests a second to each replica")
     parser.add_argument("--round-s", type=float, default=3.0)
     parser.add_argument("--min-rounds", type=int, default=8)
@@ -149,8 +161,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.effect_only:
         with EmbeddedStack(replicas=1, gate=True) as stack:
-            effect = live_mix_effect(stack, Path(tempfile.mkdtemp(prefix="canary-effect-")))
-        out = args.out.with_name(args.out.stem + "_live_mix_effect.json")
+            work = Path(tempfile.mkdtemp(prefix="canary-effect-"))
+            effect = live_mix_effect(stack, work, slow_factory(args.slow_window))
+        out = args.out.with_name(f"{args.out.stem}_live_mix_effect_window_{args.slow_window}.json")
         out.write_text(
             json.dumps(
                 {"command": " ".join(["python -m benchmarks.canary_quality", *sys.argv[1:]]), **effect}, indent=2
@@ -167,7 +180,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="canary-quality-"))
     folders = {
         kind: bert4rec_build.compiled_folder(factory, bert4rec.DYNAMIC_SIGNATURE, work / kind / MODEL)
-        for kind, factory in (("aa", "demo_v2"), ("slow", "benchmarks.canary_quality:slow_on_live_mix"))
+        for kind, factory in (("aa", "demo_v2"), ("slow", slow_factory(args.slow_window)))
     }
     plan = [str(k) for k in np.random.default_rng(0).permutation(["aa"] * args.aa + ["slow"] * args.slow)]
     previous = json.loads(args.out.read_text()) if args.resume else {}
@@ -175,7 +188,7 @@ def main() -> None:
     runs: list[dict] = previous.get("runs", [])  # each stack's live clients: requests answered, failed
     with EmbeddedStack(replicas=2, gate=True) as stack:
         install_stable(stack, folders["aa"])
-        urls, cpus = [s.http_url for s in stack.replicas], [s.process.cpus for s in stack.replicas]
+        urls, cpus = [s.http_url for s in stack.replicas], stack.replica_cpus
         with LiveTraffic(urls, MODEL, rate_hz=args.rate, cpus=cpus) as clients:
             runs.append({"first_decision": len(decisions) + 1})
             for i, kind in list(enumerate(plan))[len(decisions) :]:
@@ -201,6 +214,7 @@ def main() -> None:
         "slow_p99_effect_median_pct": _median_pct([last_round_p99_effect(d) for d in slow]),
         "runs": runs,
         **aa_noise(decisions),
+        "slow_window": args.slow_window,
         "command": " ".join(["python -m benchmarks.canary_quality", *sys.argv[1:]]),
         "settings": settings.__dict__,
     }

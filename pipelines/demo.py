@@ -158,9 +158,7 @@ def run_demo(console: Console, workdir: Path | None = None) -> int:
             f"embedded stack up: S3 {stack.s3.endpoint_url}, production "
             f"{', '.join(s.http_url for s in stack.replicas)}, gate {stack.gate.http_url}"
         )
-        clients = LiveTraffic(
-            [s.http_url for s in stack.replicas], MODEL, cpus=[s.process.cpus for s in stack.replicas]
-        )
+        clients = LiveTraffic([s.http_url for s in stack.replicas], MODEL, cpus=stack.replica_cpus)
         with ExitStack() as live:
             for label, source, _expected in RELEASES:
                 status.update(

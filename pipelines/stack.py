@@ -195,6 +195,11 @@ class EmbeddedStack:
         return [s for n, s in self.servers.items() if n.startswith("prod-")]
 
     @property
+    def replica_cpus(self) -> list[frozenset[int] | None]:
+        """Each replica's CPUs, for a client that must run beside its replica (pipelines/live_traffic.py)."""
+        return [s.process.cpus for s in self.replicas]
+
+    @property
     def gate(self) -> TritonServer:
         return self.servers["gate"]
 

@@ -83,18 +83,15 @@ def _history(stack: EmbeddedStack, name: str) -> list[dict]:
     return ModelRepository(repository(stack), stack.s3).history(name)
 
 
-def _cpus(stack: EmbeddedStack) -> list[frozenset[int] | None]:
-    """Each client beside its replica: else one replica serves slower than the other for tens of seconds."""
-    return [s.process.cpus for s in stack.replicas]
-
-
 def _release(stack, tmp_path, candidate: dict, client_hz: float = 40):
     """v1 stable everywhere, the candidate (sequence_folder's options) staged; promote with live traffic."""
     name = unique("canary")
     install_stable(stack, sequence_folder(tmp_path, name, seed=1))
     version = _staged(stack, sequence_folder(tmp_path, name, **candidate))
     urls = [s.http_url for s in stack.replicas] if client_hz else []
-    with SteadyClient(urls, name, LIVE, ["scores"], rate_hz=client_hz or 1, cpus=_cpus(stack)[: len(urls)]) as client:
+    with SteadyClient(
+        urls, name, LIVE, ["scores"], rate_hz=client_hz or 1, cpus=stack.replica_cpus[: len(urls)]
+    ) as client:
         try:
             result, error = _promote(stack, name, version), None
         except CanaryRejected as exc:
@@ -192,7 +189,7 @@ def test_a_canary_replica_killed_mid_bake_fails_the_canary_and_every_replica_ser
 
     with (
         SteadyClient(
-            [s.http_url for s in stack.replicas], name, LIVE, ["scores"], rate_hz=40, cpus=_cpus(stack)
+            [s.http_url for s in stack.replicas], name, LIVE, ["scores"], rate_hz=40, cpus=stack.replica_cpus
         ) as client,
         pytest.raises(CanaryRejected, match="the canary prod-0 no longer serves") as info,
     ):
@@ -213,7 +210,7 @@ def test_an_ensemble_release_canaries_as_one(tmp_path, stack):
     inputs, _ = load_golden(bundle / name / "1" / "golden.npz")
     request = {"history": inputs["history"][:1]}
     urls = [s.http_url for s in stack.replicas]
-    with SteadyClient(urls, name, request, ["recommended"], rate_hz=40, cpus=_cpus(stack)) as client:
+    with SteadyClient(urls, name, request, ["recommended"], rate_hz=40, cpus=stack.replica_cpus) as client:
         result = _promote(stack, name, version)
     canary = result.canary
     assert result.promoted and canary.decision == "pass", canary.reasons
