@@ -14,7 +14,7 @@ Design = Literal["duet", "alternating"]
 DESIGNS: tuple[Design, ...] = ("duet", "alternating")
 # The export and compile steps' choices (the CLI lists and checks them from these).
 ExportMethod = Literal["auto", "export", "script", "trace"]  # auto: torch.export, then TorchScript
-Target = Literal["torchscript", "tensorrt"]
+Target = Literal["torchscript", "tensorrt", "aoti"]
 Precision = Literal["fp32", "fp16", "bf16"]
 TARGETS: tuple[str, ...] = get_args(Target)
 
@@ -51,6 +51,9 @@ DEFAULT_TENSORRT_WORKSPACE_GB = 2.0
 # Where it differs from the CLI on purpose: the pipeline compiles on a GPU node, with Torch-TensorRT in fp16
 # (what production serves fastest); the CLI on the machine it runs on, TorchScript in fp32 (no GPU needed).
 DEFAULT_TARGET: Target = "torchscript"
+# The torch of the serving image (images/versions.yaml's `serving_torch`; tests/test_images.py compares them):
+# publish refuses a torch_aoti package compiled with another.
+SERVING_TORCH = "2.14.0"
 DEFAULT_PRECISION: Precision = "fp32"
 DEFAULT_COMPILE_DEVICE = "cpu"
 PIPELINE_TARGET: Target = "tensorrt"

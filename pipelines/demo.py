@@ -60,6 +60,7 @@ def demo_parameters(
         "compile_target": "torchscript",
         "precision": "fp32",
         "compile_device": "cpu",
+        "serving_torch": stack.serving_torch,  # with --param compile_target=aoti, the package must be for it
         "repository": f"s3://{stack.bucket}",
         "s3_endpoint": stack.s3.endpoint_url,
         "replicas": ",".join(s.replica_spec for s in stack.replicas),

@@ -88,7 +88,7 @@ def compile_op(
 
 
 @dsl.component(base_image=image("tools"))
-def publish_op(compiled: Input[Model], repository: str, s3_endpoint: str, run_id: str) -> NamedTuple(
+def publish_op(compiled: Input[Model], repository: str, s3_endpoint: str, run_id: str, settings: dict) -> NamedTuple(
     "Published", [("version", int), ("uri", str)]
 ):
     """Publish the compiled folder as a new immutable candidate version."""
@@ -96,9 +96,17 @@ def publish_op(compiled: Input[Model], repository: str, s3_endpoint: str, run_id
     from pathlib import Path
 
     from components.release.publish import publish
+    from components.release.step_settings import PublishSettings
     from components.s3 import S3Settings
 
-    result = publish(Path(compiled.path), repository, run_id=run_id, s3=S3Settings.from_env(s3_endpoint))
+    chosen = PublishSettings.from_flat(**settings["publish"])
+    result = publish(
+        Path(compiled.path),
+        repository,
+        run_id=run_id,
+        s3=S3Settings.from_env(s3_endpoint),
+        serving_torch=chosen.serving_torch,
+    )
     return namedtuple("Published", ["version", "uri"])(result.version, result.uri)
 
 

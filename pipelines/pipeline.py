@@ -71,7 +71,9 @@ def release_steps(
     )
     with dsl.ExitHandler(cleanup, name="always-finish-release"):
         published = _with_s3_secret(
-            publish_op(compiled=compiled, repository=repository, s3_endpoint=s3_endpoint, run_id=run_id),
+            publish_op(
+                compiled=compiled, repository=repository, s3_endpoint=s3_endpoint, run_id=run_id, settings=settings
+            ),
             aws_secret_name,
         )
         version = published.outputs["version"]
@@ -206,6 +208,7 @@ def release_pipeline(
     compile_device: str = STEP["compile_device"].pipeline_default("compile_device"),
     tensorrt_opt_batch: int = STEP["tensorrt_opt_batch"].default,
     tensorrt_workspace_gb: float = STEP["tensorrt_workspace_gb"].default,
+    serving_torch: str = STEP["serving_torch"].default,
     load_timeout_s: float = STEP["load_timeout_s"].default,
     tune: bool = STEP["tune"].default,
     tune_budget: int = STEP["tune_budget"].default,

@@ -12,6 +12,7 @@ section 5), installed into `.tools/` by scripts/setup.sh.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import secrets
 import shutil
@@ -31,10 +32,11 @@ from components.s3 import S3Settings
 from components.serving import admin_key
 from components.serving.replicas import Replica
 from components.serving.tools import find_perf_analyzer, tools_dir
+from components.serving.triton_admin import AOTI_BACKEND_ENV
 from pipelines import s3_principals
 from pipelines.outage import TcpSwitch
 from pipelines.processes import ManagedProcess, StackError, free_port, port_is_open, wait_until
-from pipelines.triton_install import backend_directory, triton_env
+from pipelines.triton_install import AOTI_BACKEND, backend_directory, triton_env
 
 LOG = log.get("stack")
 
@@ -145,10 +147,11 @@ class EmbeddedStack:
         self.servers: dict[str, TritonServer] = {}
         self.principals: dict[str, S3Settings] = {}  # S3 credentials per principal (pipelines/s3_principals.py)
         self.admin_key = _process_admin_key()
+        os.environ[AOTI_BACKEND_ENV] = AOTI_BACKEND  # this process's own loads (components/serving/triton_admin.py)
 
     def env(self) -> dict[str, str]:
         """What a step run against this stack needs in its environment: S3 credentials and the admin key."""
-        return {**self.s3.env(), admin_key.ENV: self.admin_key}
+        return {**self.s3.env(), admin_key.ENV: self.admin_key, AOTI_BACKEND_ENV: AOTI_BACKEND}
 
     # ----------------------------------------------------------------------------------- lifecycle
     def __enter__(self) -> EmbeddedStack:
@@ -193,6 +196,11 @@ class EmbeddedStack:
     @property
     def replicas(self) -> list[TritonServer]:
         return [s for n, s in self.servers.items() if n.startswith("prod-")]
+
+    @property
+    def serving_torch(self) -> str:
+        """The torch its PyTorch backends were built against: .venv's (scripts/build_pytorch_backend.sh)."""
+        return importlib.metadata.version("torch")
 
     @property
     def replica_cpus(self) -> list[frozenset[int] | None]:

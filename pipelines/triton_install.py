@@ -15,6 +15,8 @@ from components.serving.tools import tools_dir
 from pipelines.processes import StackError
 
 PYTORCH_BACKEND = "libtriton_pytorch.so"
+# r26.05's backend, which serves torch_aoti, under a name of its own: 2.51 refuses that platform for `pytorch`
+AOTI_BACKEND = "torchaoti"
 
 
 def triton_env(s3: S3Settings) -> dict[str, str]:
@@ -55,4 +57,9 @@ def backend_directory(workdir: Path) -> Path:
             raise StackError(f"Triton's PyTorch backend is not built ({built} is missing); run scripts/setup.sh.")
         pytorch.parent.mkdir(parents=True, exist_ok=True)
         pytorch.symlink_to(built.resolve())
+    aoti = backends / AOTI_BACKEND / f"libtriton_{AOTI_BACKEND}.so"
+    built = tools_dir() / "backends" / AOTI_BACKEND / aoti.name
+    if built.is_file() and not aoti.exists():  # without it, a torch_aoti load fails with the server's reason
+        aoti.parent.mkdir(parents=True, exist_ok=True)
+        aoti.symlink_to(built.resolve())
     return backends

@@ -64,4 +64,6 @@ PY
   touch "$TOOLS_STAMP"
 fi
 bash scripts/build_pytorch_backend.sh --python .venv/bin/python --tools .tools
+# r26.05's backend beside it, for AOTInductor packages (torch_aoti): docs/design.md section 5
+bash scripts/build_pytorch_backend.sh --release r26.05 --python .venv/bin/python --tools .tools
 echo "setup: ready"

@@ -41,6 +41,12 @@ def test_the_compile_and_triton_images_come_from_one_ngc_release():
     assert all(matrix()["ngc_release"] in matrix()["images"][k] for k in ("compile", "gate"))
 
 
+def test_publish_checks_packages_against_the_matrix_torch():
+    from components.settings import SERVING_TORCH
+
+    assert matrix()["serving_torch"] == SERVING_TORCH
+
+
 def test_a_mismatched_release_is_caught():
     versions = yaml.safe_load(yaml.safe_dump(matrix()))
     versions["base"]["compile"] = "nvcr.io/nvidia/pytorch:26.09-py3"

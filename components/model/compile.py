@@ -4,6 +4,8 @@ Targets:
 - `tensorrt`: Torch-TensorRT 2.14 dynamo path (docs/design.md section 5), saved as TorchScript model.pt
   for Triton's PyTorch backend. Needs CUDA and torch_tensorrt (the compile image).
 - `torchscript`: traced and frozen TorchScript on CPU or CUDA; fp16 on CUDA.
+- `aoti`: an AOTInductor package, model.pt2, for the same backend's `torch_aoti` platform (r26.03 and later),
+  on CPU or CUDA; fp16 and bf16 on CUDA (components/model/aoti.py).
 
 The torchscript target starts from the eager module's trace that the export step made beside a
 torch.export artifact (components/model/export.py says why), else from the exported model itself.
@@ -20,6 +22,7 @@ import platform
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +32,8 @@ import torch
 from torch import nn
 
 from components import log
-from components.errors import TritonshipError
-from components.model import model_folder, trace_retarget
+from components.model import aoti, model_config, model_folder, trace_retarget
+from components.model.compile_errors import CompileError, ParityError, root_cause
 from components.model.export import ExportedModel, read_export
 from components.model.model_config import validate_model_name
 from components.model.parity import DEFAULT_TOLERANCES, OutputParity, Tolerance, compare, parity_table
@@ -48,14 +51,6 @@ from components.settings import (
 
 LOG = log.get("compile")
 COMPILE_IMAGE_HINT = "run the compile step in the compile image (images/compile.Dockerfile, NGC pytorch:<YY.MM>-py3)"
-
-
-class CompileError(TritonshipError):
-    """The model could not be compiled for the requested target."""
-
-
-class ParityError(CompileError):
-    """The compiled model's outputs differ from the eager reference beyond the tolerances."""
 
 
 # ---------------------------------------------------------------------------------- TensorRT
@@ -175,8 +170,11 @@ def compile_torchscript(
 # ------------------------------------------------------------------------------------- parity
 def check_parity(path: Path, exported: ExportedModel, device: str, tol: Tolerance) -> list[OutputParity]:
     """Load the compiled file back and compare its outputs with the eager fp32 reference."""
-    compiled = torch.jit.load(str(path), map_location=device).eval()
     signature = exported.signature
+    if path.name == aoti.MODEL_FILE:
+        compiled = aoti.load_aoti(path, signature, device)
+    else:
+        compiled = torch.jit.load(str(path), map_location=device).eval()
     # the shape checks first: a failure then names the smallest shape that fails
     checks = [(name, inputs, outputs) for name, (inputs, outputs) in exported.checks.items()]
     checks.append(("golden", exported.golden_inputs, exported.golden_outputs))
@@ -191,7 +189,7 @@ def check_parity(path: Path, exported: ExportedModel, device: str, tol: Toleranc
 
 
 def _run_in_batches(
-    compiled: torch.jit.ScriptModule, signature: Signature, inputs: dict[str, np.ndarray], device: str, check: str
+    compiled: Callable[..., Any], signature: Signature, inputs: dict[str, np.ndarray], device: str, check: str
 ) -> dict[str, np.ndarray]:
     """Run as Triton would: requests of at most max_batch_size samples."""
     total = len(next(iter(inputs.values())))
@@ -216,18 +214,6 @@ def _run_in_batches(
             }
         )
     return {s.name: np.concatenate([p[s.name] for p in parts]) for s in signature.outputs}
-
-
-def root_cause(exc: BaseException) -> str:
-    """The operation's own message: the last line of a TorchScript error, whose first lines are only
-    "The following operation failed in the TorchScript interpreter" and a traceback."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if not lines:
-        return type(exc).__name__
-    cause = lines[-1]
-    for prefix in ("RuntimeError: ", "builtins.RuntimeError: "):
-        cause = cause.removeprefix(prefix)
-    return cause[:300]
 
 
 def _fix_hint(signature: Signature) -> str:
@@ -303,18 +289,22 @@ def compile_model(
     tol = tolerance or Tolerance.for_precision(precision)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tritonship-compile-") as tmp:
-        compiled_path = Path(tmp) / model_folder.MODEL_FILE
+        platform = model_config.AOTI_PLATFORM if target == "aoti" else model_config.PYTORCH_PLATFORM
+        compiled_path = Path(tmp) / model_config.MODEL_FILES[platform]
         if target == "tensorrt":
             require_tensorrt()
             device = device if device.startswith("cuda") else "cuda:0"
-        module = exported.module(device, prefer_torchscript=target == "torchscript")
-        if target == "tensorrt":
+        if target == "aoti":
+            aoti.compile_aoti(exported, device, precision, compiled_path)
+        elif target == "tensorrt":
+            module = exported.module(device)
             index = torch.device(device).index or 0
             settings = tensorrt_compile_settings(
                 exported.signature, precision, opt_batch, int(workspace_gb * 2**30), index
             )
             compile_tensorrt(module, exported, settings, compiled_path)
         else:
+            module = exported.module(device, prefer_torchscript=True)
             compile_torchscript(module, exported, device, precision, compiled_path)
         seconds = time.monotonic() - started
         parity = check_parity(compiled_path, exported, device, tol)
@@ -341,6 +331,7 @@ def compile_model(
             exported.golden_outputs,
             fingerprint,
             gpu=device.startswith("cuda"),
+            platform=platform,
         )
     log.event(LOG, "compiled", target=target, precision=precision, device=device, seconds=f"{seconds:.1f}", out=out_dir)
     return CompileResult(out_dir, target, precision, device, parity, seconds)

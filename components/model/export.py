@@ -192,7 +192,7 @@ def export_model(
         return "torchscript-file", TORCHSCRIPT_FILE, "the model was given as TorchScript"
     if method in ("auto", "export"):
         try:
-            program = torch.export.export(model, example, dynamic_shapes=_dynamic_shapes(signature))
+            program = torch.export.export(model, example, dynamic_shapes=dynamic_shapes(signature))
             torch.export.save(program, str(out_dir / EXPORTED_PROGRAM_FILE))
             try:
                 _trace(model, example, out_dir / TORCHSCRIPT_FILE)
@@ -228,7 +228,7 @@ def _trace(model: nn.Module, example: tuple[torch.Tensor, ...], path: Path) -> N
         torch.jit.trace(model, example, check_trace=False).save(str(path))
 
 
-def _dynamic_shapes(signature: Signature) -> tuple[dict[int, Any], ...]:
+def dynamic_shapes(signature: Signature) -> tuple[dict[int, Any], ...]:
     """The batch is dynamic up to max_batch_size; a named dimension is one torch.export Dim over its declared
     range, shared by every input that names it; a bare -1 is left to torch.export to work out (Dim.AUTO:
     dynamic, and equal where the model makes them equal, such as ids and their mask)."""

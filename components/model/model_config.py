@@ -14,6 +14,9 @@ from components.settings import DEFAULT_INTRA_OP_THREADS
 
 ModelConfig = mc.ModelConfig
 PYTORCH_PLATFORM = "pytorch_libtorch"  # Triton's PyTorch (libtorch) backend, what production serves model.pt with
+# The same backend (r26.03 and later) serving an AOTInductor package, model.pt2 (components/model/aoti.py)
+AOTI_PLATFORM = "torch_aoti"
+MODEL_FILES = {PYTORCH_PLATFORM: "model.pt", AOTI_PLATFORM: "model.pt2"}
 # The PyTorch backend's parameters that tritonship sets. INTER_OP_THREAD_COUNT is never set: in r24.10 the
 # backend calls at::set_num_interop_threads for every model that names it, which throws on the second call in
 # a process and aborts the whole server (docs/design.md section 5).
@@ -74,6 +77,7 @@ def build(
     gpu: bool = False,
     settings: ServingSettings | None = None,
     python_step: bool = False,
+    platform: str = PYTORCH_PLATFORM,
 ) -> ModelConfig:
     """The config.pbtxt for a compiled model (Triton's PyTorch backend) or, with `python_step`, an
     ensemble's Python-backend step: inputs/outputs in the signature's order.
@@ -87,7 +91,9 @@ def build(
     if python_step:
         config.backend = "python"
     else:
-        config.platform = PYTORCH_PLATFORM
+        config.platform = platform
+        if platform == AOTI_PLATFORM:  # 2.51's core would name model.pt for a backend it knows nothing of
+            config.default_model_filename = MODEL_FILES[platform]
         config.parameters[INTRA_OP_PARAMETER].string_value = str(settings.intra_op_threads)
     batched = signature.batch
     config.max_batch_size = (settings.max_batch_size or signature.max_batch_size) if batched else 0
@@ -131,8 +137,9 @@ def with_settings(config: ModelConfig, settings: ServingSettings) -> ModelConfig
         copy.dynamic_batching.preferred_batch_size.extend(settings.preferred_batch_sizes)
     for group in copy.instance_group:
         group.count = settings.instance_count
-    if copy.platform == PYTORCH_PLATFORM:
+    if copy.platform in MODEL_FILES:
         copy.parameters[INTRA_OP_PARAMETER].string_value = str(settings.intra_op_threads)
+    if copy.platform == PYTORCH_PLATFORM:
         if settings.optimized_execution:
             copy.parameters.pop(UNOPTIMIZED_PARAMETER, None)
         else:

@@ -2,6 +2,7 @@
 
     <folder>/config.pbtxt          generated from the signature
     <folder>/1/model.pt            the compiled TorchScript (Triton's PyTorch backend, platform pytorch_libtorch)
+    <folder>/1/model.pt2           or the AOTInductor package (the same backend, platform torch_aoti)
     <folder>/1/signature.yaml      the I/O signature
     <folder>/1/golden.npz          golden inputs (in:<name>) and eager fp32 reference outputs (out:<name>)
     <folder>/1/build.json          the build fingerprint (torch, TensorRT, CUDA, GPU, image, parity figures)
@@ -21,6 +22,8 @@ import numpy as np
 
 from components.errors import TritonshipError
 from components.model.model_config import (
+    MODEL_FILES,
+    PYTORCH_PLATFORM,
     ModelConfig,
     build,
     check_against,
@@ -93,17 +96,18 @@ def write(
     golden_outputs: dict[str, np.ndarray],
     fingerprint: dict[str, Any],
     gpu: bool = False,
+    platform: str = PYTORCH_PLATFORM,
 ) -> Path:
     """Write a complete model folder; `folder` must not exist yet (or be empty)."""
     if folder.exists() and any(folder.iterdir()):
         raise ModelFolderError(f"{folder} already exists and is not empty; choose a new output folder.")
     version_dir = folder / VERSION_DIR
     version_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(model_file, version_dir / MODEL_FILE)
+    shutil.copyfile(model_file, version_dir / MODEL_FILES[platform])
     signature.save(version_dir / SIGNATURE_FILE)
     save_golden(version_dir / GOLDEN_FILE, golden_inputs, golden_outputs)
     (version_dir / BUILD_FILE).write_text(json.dumps(fingerprint, indent=2, sort_keys=True))
-    (folder / CONFIG_FILE).write_text(to_pbtxt(build(name, signature, gpu=gpu)))
+    (folder / CONFIG_FILE).write_text(to_pbtxt(build(name, signature, gpu=gpu, platform=platform)))
     return folder
 
 
@@ -137,7 +141,12 @@ def _required_files(config: ModelConfig, version_dir: Path) -> tuple[str, ...]:
         return SIGNATURE_FILE, GOLDEN_FILE, BUILD_FILE
     if (version_dir / "step.py").is_file():
         return SIGNATURE_FILE, BUILD_FILE
-    return MODEL_FILE, SIGNATURE_FILE, GOLDEN_FILE, BUILD_FILE
+    return model_file(config), SIGNATURE_FILE, GOLDEN_FILE, BUILD_FILE
+
+
+def model_file(config: ModelConfig) -> str:
+    """The compiled model's file name in the version directory (model.pt, or model.pt2 for torch_aoti)."""
+    return MODEL_FILES.get(config.platform, MODEL_FILE)
 
 
 def read(folder: Path) -> ModelFolder:
@@ -153,8 +162,9 @@ def read(folder: Path) -> ModelFolder:
     for required in _required_files(config, version_dir):
         if not (version_dir / required).is_file():
             raise ModelFolderError(f"{folder} has no {VERSION_DIR}/{required}; re-run `tritonship compile`.")
-    if (version_dir / MODEL_FILE).is_file() and (version_dir / MODEL_FILE).stat().st_size == 0:
-        raise ModelFolderError(f"{folder}/{VERSION_DIR}/{MODEL_FILE} is empty; re-run `tritonship compile`.")
+    compiled = version_dir / model_file(config)
+    if compiled.is_file() and compiled.stat().st_size == 0:
+        raise ModelFolderError(f"{compiled} is empty; re-run `tritonship compile`.")
     if config.backend == "python" and not (version_dir / PYTHON_MODEL_FILE).is_file():
         raise ModelFolderError(f"{folder} uses the python backend but has no {VERSION_DIR}/{PYTHON_MODEL_FILE}.")
     signature = Signature.load(version_dir / SIGNATURE_FILE)

@@ -64,3 +64,30 @@ def point_at_dtype(module: torch.jit.ScriptModule, source: torch.dtype, target: 
                         node.replaceInput(index, graph.insertConstant(_SCALAR_TYPE[target]))
                     changed += 1
     return changed
+
+
+def point_graph_at_dtype(module: torch.fx.GraphModule, source: torch.dtype, target: torch.dtype) -> int:
+    """The same for an exported program's graph module (`ExportedProgram.module()`): every `source` dtype an
+    operator is given, and `source`'s extremes among its arguments, become `target`'s; returns how many."""
+    extremes = {torch.finfo(source).min: torch.finfo(target).min, torch.finfo(source).max: torch.finfo(target).max}
+
+    def swap(value: object) -> object:
+        if value is source:
+            return target
+        if isinstance(value, float) and value in extremes:
+            return extremes[value]
+        return value
+
+    changed = 0
+    for graph_module in module.modules():
+        if not isinstance(graph_module, torch.fx.GraphModule):
+            continue
+        for node in graph_module.graph.nodes:
+            if node.op != "call_function":
+                continue
+            args, kwargs = tuple(swap(a) for a in node.args), {k: swap(v) for k, v in node.kwargs.items()}
+            if args != node.args or kwargs != node.kwargs:
+                node.args, node.kwargs = args, kwargs
+                changed += 1
+        graph_module.recompile()
+    return changed

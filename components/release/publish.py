@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components import log
+from components.errors import TritonshipError
 from components.model import ensemble, model_folder
-from components.model.model_config import to_pbtxt, validate_model_name
+from components.model.model_config import AOTI_PLATFORM, to_pbtxt, validate_model_name
 from components.repository import Manifest, ModelRepository, content_digest, sha256_file, utc_now
 from components.s3 import S3Settings
+from components.settings import SERVING_TORCH
 
 LOG = log.get("publish")
 RESUME_WINDOW = 20  # how many recent allocations a re-run looks through for its own
@@ -39,6 +41,29 @@ def version_files(folder: model_folder.ModelFolder) -> dict[str, Path]:
     return files
 
 
+class PublishError(TritonshipError):
+    """A folder that production's servers could not load as it is."""
+
+
+def check_serving_torch(folder: model_folder.ModelFolder, serving_torch: str) -> None:
+    """Refuse an AOTInductor package built with another torch than the serving image's: its generated code
+    calls that torch's C++ ABI, and the server would refuse it at load, or worse, on the first request."""
+    if folder.config.platform != AOTI_PLATFORM:
+        return
+    built = str(folder.fingerprint().get("torch") or "unknown")
+    if _release(built) != _release(serving_torch):
+        raise PublishError(
+            f"{folder.path.name}'s model.pt2 was compiled with torch {built}, but the serving image runs torch "
+            f"{serving_torch} (images/versions.yaml); compile it with torch {_release(serving_torch)}, in the "
+            "compile image of the serving release."
+        )
+
+
+def _release(version: str) -> str:
+    """2.13.0 of 2.13.0+cpu: the local part names the build (CPU, CUDA), which the device kind already records."""
+    return version.split("+", 1)[0]
+
+
 def default_run_id(digest: str) -> str:
     return os.environ.get("KFP_RUN_ID") or os.environ.get("TRITONSHIP_RUN_ID") or f"manual-{digest[:12]}"
 
@@ -48,10 +73,14 @@ def publish(
     repository: str,
     run_id: str | None = None,
     s3: S3Settings | None = None,
+    serving_torch: str = SERVING_TORCH,
 ) -> PublishResult:
+    """Upload the folder as a new sealed version; `serving_torch` is the serving image's torch, which a
+    torch_aoti package must have been compiled with."""
     if ensemble.is_bundle(folder_path):
-        return publish_bundle(folder_path, repository, run_id, s3)
+        return publish_bundle(folder_path, repository, run_id, s3, serving_torch)
     folder = model_folder.read(folder_path)  # refuses incomplete folders and configs that disagree with the signature
+    check_serving_torch(folder, serving_torch)
     model = validate_model_name(folder.config.name)
     files = version_files(folder)
     entries = {rel: {"sha256": sha256_file(path), "size": path.stat().st_size} for rel, path in files.items()}
@@ -97,11 +126,17 @@ def _resume(repo: ModelRepository, model: str, digest: str, run_id: str) -> tupl
 
 
 def publish_bundle(
-    bundle_path: Path, repository: str, run_id: str | None = None, s3: S3Settings | None = None
+    bundle_path: Path,
+    repository: str,
+    run_id: str | None = None,
+    s3: S3Settings | None = None,
+    serving_torch: str = SERVING_TORCH,
 ) -> PublishResult:
     """An ensemble release: every member becomes version N of its own name, then the ensemble (its config
     pinned to N) seals the release with its manifest, written last."""
     bundle = ensemble.read_bundle(bundle_path)
+    for member in bundle.members:
+        check_serving_torch(member, serving_torch)
     for name in (bundle.name, *(m.config.name for m in bundle.members)):
         validate_model_name(name)
     files = {f.config.name: version_files(f) for f in (*bundle.members, bundle.ensemble)}

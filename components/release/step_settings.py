@@ -2,7 +2,7 @@
 named defaults, validated where it is built, and its flat table: the `tritonship` options and the pipeline's
 parameters take their names, defaults and help from the table (tests/test_settings.py checks all three).
 
-publish and reject have nothing to set: their inputs (the folder, the verdict) are all they take."""
+reject has nothing to set: its input (the verdict) is all it takes."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from components.settings import (
     DEFAULT_WINDOW_MS,
     GATE_PARAMETERS,
     RELAXED_STABILITY_PCT,
+    SERVING_TORCH,
     TARGETS,
     ExportMethod,
     GateSettings,
@@ -88,9 +89,32 @@ class ExportSettings(_Flat):
         )
 
 
+PUBLISH_PARAMETERS = {
+    "serving_torch": Parameter(
+        SERVING_TORCH, "the serving image's torch; a torch_aoti package compiled with another is refused"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class PublishSettings(_Flat):
+    PARAMETERS: ClassVar = PUBLISH_PARAMETERS
+    WHAT: ClassVar = "publish"
+    serving_torch: str = SERVING_TORCH
+
+    def __post_init__(self) -> None:
+        valid = re.fullmatch(r"\d+\.\d+(\.\d+)?([+.\w-]*)", self.serving_torch or "")
+        refuse_invalid(
+            "publish",
+            [f"serving_torch must be a torch version such as 2.14.0, not {self.serving_torch!r}" if not valid else ""],
+        )
+
+
 COMPILE_PARAMETERS = {
-    "target": Parameter(DEFAULT_TARGET, "torchscript or tensorrt", pipeline="compile_target"),
-    "precision": Parameter(DEFAULT_PRECISION, "fp32, fp16 or bf16 (bf16 with tensorrt only)"),
+    "target": Parameter(
+        DEFAULT_TARGET, "torchscript, tensorrt or aoti (AOTInductor, Triton r26.03+)", pipeline="compile_target"
+    ),
+    "precision": Parameter(DEFAULT_PRECISION, "fp32, fp16 or bf16 (bf16 with tensorrt or aoti on CUDA)"),
     "device": Parameter(
         DEFAULT_COMPILE_DEVICE, "where to compile and check parity: cpu, cuda or cuda:N", "compile_device"
     ),
@@ -335,11 +359,12 @@ class LeaseReleaseSettings(_Flat):
     force: bool = False
 
 
-# Every step's table and settings type by its `tritonship` command (publish and reject have none: see the
-# docstring), and the pipeline's steps among them.
+# Every step's table and settings type by its `tritonship` command (reject has none: see the docstring), and the
+# pipeline's steps among them.
 STEP_PARAMETERS: dict[tuple[str, ...], tuple[dict[str, Parameter], Any]] = {
     ("export",): (EXPORT_PARAMETERS, ExportSettings),
     ("compile",): (COMPILE_PARAMETERS, CompileSettings),
+    ("publish",): (PUBLISH_PARAMETERS, PublishSettings),
     ("stage",): (LOAD_PARAMETERS, ModelLoadSettings),
     ("tune",): (TUNE_PARAMETERS, TuneSettings),
     ("gate",): (GATE_PARAMETERS, GateSettings),
@@ -350,6 +375,7 @@ STEP_PARAMETERS: dict[tuple[str, ...], tuple[dict[str, Parameter], Any]] = {
 PIPELINE_STEPS = {
     "export": STEP_PARAMETERS[("export",)],
     "compile": STEP_PARAMETERS[("compile",)],
+    "publish": STEP_PARAMETERS[("publish",)],
     "load": STEP_PARAMETERS[("stage",)],  # stage's and promote's
     "tune": STEP_PARAMETERS[("tune",)],
     "gate": STEP_PARAMETERS[("gate",)],

@@ -313,10 +313,12 @@ def _confirm(
 
 def _on_gpu(candidate: CandidateVersion) -> bool:
     """The candidate's model runs on GPU instances (an ensemble's: its model member's)."""
-    configs = [
-        c for c in [candidate.config, *candidate.members.values()] if c.platform == model_config.PYTORCH_PLATFORM
-    ]
+    configs = [c for c in [candidate.config, *candidate.members.values()] if c.platform in model_config.MODEL_FILES]
     return any(g.kind == model_config.mc.ModelInstanceGroup.KIND_GPU for c in configs for g in c.instance_group)
+
+
+def _is_aoti(candidate: CandidateVersion) -> bool:
+    return any(c.platform == model_config.AOTI_PLATFORM for c in [candidate.config, *candidate.members.values()])
 
 
 def tune(
@@ -344,8 +346,15 @@ def tune(
     default = default_settings(candidate.config, list(candidate.members.values()))
     if _on_gpu(candidate):
         settings = dataclasses.replace(settings, intra_op_thread_counts=(default.intra_op_threads,))
-    else:  # on the CPU its pauses are the fuser's, which libtorch leaves off there
+    if not _on_gpu(candidate):  # on the CPU its pauses are the fuser's, which libtorch leaves off there
         settings = dataclasses.replace(settings, optimized_executions=(default.optimized_execution,))
+    if _is_aoti(candidate):
+        # An AOTInductor package has no TorchScript executor, and r26.05's backend runs every instance through
+        # one runner: more instances add no parallelism, and adding one to a loaded model crashed the server
+        # (docs/design.md section 5).
+        settings = dataclasses.replace(
+            settings, optimized_executions=(default.optimized_execution,), instance_counts=(default.instance_count,)
+        )
     size = len(grid(default, settings))
     started = time.monotonic()
     if not enabled:

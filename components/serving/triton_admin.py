@@ -4,6 +4,7 @@ repository index, statistics and inference, with time limits, retries and errors
 from __future__ import annotations
 
 import http.client
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -14,11 +15,25 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from components import log
 from components.errors import TritonshipError
-from components.model.model_config import ModelConfig, to_json
+from components.model.model_config import AOTI_PLATFORM, ModelConfig, to_json
 from components.serving import admin_key
 
 LOG = log.get("triton")
 T = TypeVar("T")
+# The backend a Triton older than r26.03 serves `torch_aoti` with, when it has one (the embedded stack's 2.51:
+# docs/design.md section 5); unset, a torch_aoti config goes as published and the server picks its backend.
+AOTI_BACKEND_ENV = "TRITONSHIP_TORCH_AOTI_BACKEND"
+
+
+def for_server(config: ModelConfig) -> ModelConfig:
+    """`config` as this environment's Triton takes it: a torch_aoti config names AOTI_BACKEND_ENV's backend."""
+    backend = os.environ.get(AOTI_BACKEND_ENV)
+    if not backend or config.platform != AOTI_PLATFORM or config.backend:
+        return config
+    named = ModelConfig()
+    named.CopyFrom(config)
+    named.backend = backend
+    return named
 
 
 class TritonError(TritonshipError):
@@ -83,7 +98,7 @@ class TritonAdmin:
             lambda: self._load_client.load_model(
                 model,
                 headers=self._admin,
-                config=to_json(config) if config is not None else None,
+                config=to_json(for_server(config)) if config is not None else None,
                 files=dict(files) if files else None,
             ),
             retry=False,

@@ -10,7 +10,8 @@ import typer
 from components import settings
 from components.release.step_settings import COMPILE_PARAMETERS as COMPILE
 from components.release.step_settings import EXPORT_PARAMETERS as EXPORT
-from components.release.step_settings import CompileSettings, ExportSettings
+from components.release.step_settings import PUBLISH_PARAMETERS as PUBLISH
+from components.release.step_settings import CompileSettings, ExportSettings, PublishSettings
 from pipelines.cli.common import (
     EndpointOption,
     RepositoryOption,
@@ -84,12 +85,16 @@ def publish_cmd(
         str | None, typer.Option(help="source run id (default: KFP_RUN_ID, else from the content)")
     ] = None,
     s3_endpoint: EndpointOption = None,
+    serving_torch: Annotated[str, option(PUBLISH, "serving_torch")] = PUBLISH["serving_torch"].default,
 ) -> None:
     """Publish a compiled model folder (or an ensemble bundle) as a new immutable candidate version (staging)."""
     from components.release.publish import publish
 
+    chosen = PublishSettings(serving_torch=serving_torch)
     with console.status("publishing"):
-        result = publish(folder, repository, run_id=run_id, s3=s3_settings(s3_endpoint))
+        result = publish(
+            folder, repository, run_id=run_id, s3=s3_settings(s3_endpoint), serving_torch=chosen.serving_torch
+        )
     verb = "already published as" if result.resumed else "published"
     out_console_line(f"{verb} {result.model} version {result.version} -> {result.uri}")
 

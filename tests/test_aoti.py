@@ -1,0 +1,177 @@
+"""The aoti target: AOTInductor packages (model.pt2) served as `torch_aoti` by Triton's PyTorch backend r26.05
+(the embedded stack's build with scripts/patches/r26.05/), released through stage, tune, gate and promote like
+TorchScript, and refused at publish when compiled with another torch than the serving image's."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from components.model import model_config, model_folder
+from components.model.compile import CompileError, compile_model
+from components.model.export import export, read_export
+from components.model.parity import Tolerance
+from components.release.gate import gate
+from components.release.promote import promote
+from components.release.publish import PublishError, publish
+from components.release.stage import stage
+from components.release.step_settings import TuneSettings
+from components.release.tune import tune
+from components.repository import ModelRepository
+from components.serving.triton_admin import AOTI_BACKEND_ENV, TritonAdmin, for_server
+from pipelines.samples import bert4rec
+from tests.models import CNN_SIGNATURE, MODELS, write_signature
+from tests.release_helpers import ABSOLUTE_GATE, replicas, repository, unique
+
+SERVED = Tolerance(atol=1e-4, rtol=1e-4, int_mismatch=0.0)
+AOTI_MODELS = {
+    "cnn": MODELS["cnn"],
+    "bert4rec": ("pipelines.samples.bert4rec:demo_v2", bert4rec.DYNAMIC_SIGNATURE),
+}
+
+
+def _aoti_folder(tmp_path: Path, key: str) -> tuple[Path, Path]:
+    factory, signature = AOTI_MODELS[key]
+    export_dir = tmp_path / f"{key}-export"
+    export(factory, write_signature(tmp_path / f"{key}.yaml", signature), export_dir)
+    name = unique(f"aoti_{key}_")
+    compile_model(export_dir, tmp_path / name, name, target="aoti")
+    return export_dir, tmp_path / name
+
+
+def _answers(admin: TritonAdmin, folder: model_folder.ModelFolder, inputs: dict[str, np.ndarray]) -> dict:
+    outputs = [s.name for s in folder.signature.outputs]
+    return admin.infer_in_batches(folder.config.name, inputs, outputs, folder.config.max_batch_size)
+
+
+def _single(url: str, folder: model_folder.ModelFolder, inputs: dict[str, np.ndarray], row: int) -> dict:
+    with TritonAdmin(url) as admin:
+        return _answers(admin, folder, {k: v[row : row + 1] for k, v in inputs.items()})
+
+
+def _counts(admin: TritonAdmin, model: str) -> tuple[int, int]:
+    """Samples inferred and model executions so far."""
+    stats = admin.statistics(model)["model_stats"][0]
+    return stats["inference_count"], stats["execution_count"]
+
+
+def _assert_close(answer: dict, reference: dict, check: str) -> None:
+    for name, expected in reference.items():
+        if expected.dtype.kind == "f":
+            np.testing.assert_allclose(answer[name], expected, rtol=SERVED.rtol, atol=SERVED.atol, err_msg=check)
+        else:
+            assert np.array_equal(answer[name], expected), check
+
+
+@pytest.mark.parametrize("key", sorted(AOTI_MODELS))
+def test_an_aoti_folder_is_served_like_eager_then_tuned_gated_and_promoted(key, tmp_path, stack):
+    export_dir, path = _aoti_folder(tmp_path, key)
+    folder = model_folder.read(path)
+    exported = read_export(export_dir)
+    assert (folder.version_dir / "model.pt2").is_file() and not (folder.version_dir / "model.pt").exists()
+    assert folder.config.platform == "torch_aoti" and folder.config.default_model_filename == "model.pt2"
+    assert not folder.config.backend  # as production's r26.03+ image takes it
+    fingerprint = folder.fingerprint()
+    assert (fingerprint["target"], fingerprint["torch"], fingerprint["device"]) == ("aoti", torch.__version__, "cpu")
+    checked = {row["check"] for row in fingerprint["parity"]}
+    assert {"batch 1", f"batch {folder.signature.max_batch_size}"} <= {c.split(",")[0] for c in checked}
+    if folder.signature.has_dynamic_dims:  # three batches at the min, the opt and the max of each range
+        assert {c.split("(")[-1] for c in checked if "(" in c} == {"min)", "opt)", "max)"} and len(checked) == 10
+
+    published = publish(path, repository(stack), s3=stack.s3, serving_torch=stack.serving_torch)
+    staged = stage(repository(stack), published.model, published.version, stack.gate.http_url, s3=stack.s3)
+    assert staged.accuracy_passed, staged.load_error
+    with TritonAdmin(stack.gate.http_url) as admin:
+        served = admin.model_config(staged.candidate)
+        assert (served["platform"], served["backend"]) == ("torch_aoti", "torchaoti")
+        candidate = model_folder.ModelFolder(
+            folder.path, model_config.renamed(folder.config, staged.candidate), folder.signature
+        )
+        for check, (inputs, reference) in {"golden": folder.golden(), **exported.checks}.items():
+            _assert_close(_answers(admin, candidate, inputs), reference, check)
+        # single samples sent at once are batched by Triton (the r26.05 responder patch) and answered alike
+        golden_in, golden_out = folder.golden()
+        rows = range(len(next(iter(golden_in.values()))))
+        before = _counts(admin, staged.candidate)
+        with ThreadPoolExecutor(8) as pool:  # a client each: tritonclient's HTTP client is not thread-safe
+            singles = list(pool.map(lambda i: _single(stack.gate.http_url, candidate, golden_in, i), [*rows] * 4))
+        for i, answer in zip([*rows] * 4, singles, strict=True):
+            _assert_close(answer, {k: v[i : i + 1] for k, v in golden_out.items()}, f"sample {i} batched")
+        after = _counts(admin, staged.candidate)
+        assert after[1] - before[1] < after[0] - before[0]  # fewer executions than samples
+
+    tuned = tune(
+        repository(stack), published.model, published.version, stack.gate.http_url, TuneSettings(budget=3), s3=stack.s3
+    )
+    assert tuned.trials and all(t.measured for t in tuned.trials), [t.problem for t in tuned.trials]
+    # neither the TorchScript executor nor instances are knobs of a package (docs/design.md section 5)
+    assert {(t.settings.optimized_execution, t.settings.instance_count) for t in tuned.trials} == {(True, 1)}
+    verdict = gate(
+        repository(stack), published.model, published.version, stack.gate.http_url, ABSOLUTE_GATE, staged, s3=stack.s3
+    )
+    assert verdict.verdict == "pass", verdict.reasons
+    promote(
+        repository(stack), published.model, published.version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3
+    )
+    for server in stack.replicas:
+        with TritonAdmin(server.http_url) as admin:
+            _assert_close(_answers(admin, folder, golden_in), golden_out, f"{server.name} after promote")
+
+
+def test_a_pt2_compiled_with_another_torch_is_refused_at_publish_and_nothing_is_written(tmp_path, stack):
+    name = unique("aoti_torch_")
+    folder = _fake_aoti_folder(tmp_path / name, name, torch_version="2.99.0+cu130")
+    with pytest.raises(PublishError) as info:
+        publish(folder, repository(stack), s3=stack.s3, serving_torch="2.14.0")
+    assert str(info.value) == (
+        f"{name}'s model.pt2 was compiled with torch 2.99.0+cu130, but the serving image runs torch 2.14.0 "
+        "(images/versions.yaml); compile it with torch 2.14.0, in the compile image of the serving release."
+    )
+    assert not ModelRepository(repository(stack), stack.s3).allocated_versions(name)
+
+
+def _fake_aoti_folder(path: Path, name: str, torch_version: str) -> Path:
+    """A torch_aoti folder whose package is never read: publish decides on build.json before any upload."""
+    from components.model.signature import Signature
+
+    signature = Signature.from_dict(CNN_SIGNATURE)
+    package = path.parent / "model.pt2"
+    package.write_bytes(b"PK\x05\x06" + bytes(18))
+    inputs = signature.example_inputs(2)
+    outputs = {"logits": np.zeros((2, 10), np.float32)}
+    fingerprint = {"target": "aoti", "torch": torch_version, "device": "cuda:0"}
+    return model_folder.write(path, name, signature, package, inputs, outputs, fingerprint, platform="torch_aoti")
+
+
+def test_the_same_torch_with_another_build_tag_is_accepted(tmp_path):
+    from components.release.publish import check_serving_torch
+
+    folder = model_folder.read(_fake_aoti_folder(tmp_path / "m", "m", torch_version="2.14.0+cu130"))
+    check_serving_torch(folder, "2.14.0")
+    with pytest.raises(
+        PublishError, match="compiled with torch 2.14.0\\+cu130, but the serving image runs torch 2.15.0"
+    ):
+        check_serving_torch(folder, "2.15.0")
+
+
+def test_a_model_that_fell_back_to_torchscript_is_refused_by_the_aoti_target_in_one_sentence(tmp_path):
+    factory, signature = MODELS["mlp"]
+    export(factory, write_signature(tmp_path / "s.yaml", signature), tmp_path / "export", method="trace")
+    with pytest.raises(CompileError) as info:
+        compile_model(tmp_path / "export", tmp_path / "out", "m", target="aoti")
+    assert "the aoti target compiles a torch.export program" in str(info.value)
+    assert "--target torchscript" in str(info.value) and not (tmp_path / "out").exists()
+
+
+def test_a_torch_aoti_config_names_the_embedded_backend_only_where_the_environment_says(monkeypatch):
+    config = model_config.ModelConfig(name="m", platform="torch_aoti")
+    monkeypatch.delenv(AOTI_BACKEND_ENV, raising=False)
+    assert for_server(config) is config  # production: the server picks its own backend for the platform
+    monkeypatch.setenv(AOTI_BACKEND_ENV, "torchaoti")
+    assert (for_server(config).backend, config.backend) == ("torchaoti", "")
+    torchscript = model_config.ModelConfig(name="m", platform="pytorch_libtorch")
+    assert for_server(torchscript) is torchscript
