@@ -98,6 +98,8 @@ PUBLISH_PARAMETERS = {
 
 @dataclass(frozen=True)
 class PublishSettings(_Flat):
+    """publish's: the serving image's torch, which a torch_aoti package must have been compiled with."""
+
     PARAMETERS: ClassVar = PUBLISH_PARAMETERS
     WHAT: ClassVar = "publish"
     serving_torch: str = SERVING_TORCH
