@@ -346,7 +346,7 @@ def tune(
     default = default_settings(candidate.config, list(candidate.members.values()))
     if _on_gpu(candidate):
         settings = dataclasses.replace(settings, intra_op_thread_counts=(default.intra_op_threads,))
-    if not _on_gpu(candidate):  # on the CPU its pauses are the fuser's, which libtorch leaves off there
+    else:  # on the CPU its pauses are the fuser's, which libtorch leaves off there
         settings = dataclasses.replace(settings, optimized_executions=(default.optimized_execution,))
     if _is_aoti(candidate):
         # An AOTInductor package has no TorchScript executor, and r26.05's backend runs every instance through
