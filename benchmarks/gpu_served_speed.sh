@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Served speed on the lent GPU machine: the embedded Triton (a CUDA build), its Python backend stub for
 # Python 3.12 and perf_analyzer travel there compressed, with the Python packages that machine lacks, and
-# Triton's r24.10 sources with RapidJSON's headers: unpack builds the PyTorch backend there with
-# TRITON_ENABLE_GPU=ON against that machine's torch (scripts/build_pytorch_backend.sh --gpu).
+# Triton's r24.10 and r26.05 sources with RapidJSON's headers: unpack builds both PyTorch backends there with
+# TRITON_ENABLE_GPU=ON against that machine's torch (scripts/build_pytorch_backend.sh --gpu [--release r26.05]).
 #
 #   bash benchmarks/gpu_served_speed.sh pack   # here: writes .gpu/{tools,stub312,site312}.tar.xz (~77 MB)
 #   bash benchmarks/gpu_served_speed.sh run    # there, from the repo root (see benchmarks/README.md)
@@ -12,6 +12,7 @@
 #   bash benchmarks/gpu_served_speed.sh gate --injections 0:10,25:5   # there: the gate on the GPU
 #   bash benchmarks/gpu_served_speed.sh hops --precision fp16 --concurrency 1 16 64 --rates 10000   # there: the ensemble's hops
 #   bash benchmarks/gpu_served_speed.sh floor --precision fp16   # there: one call of the model step and its GPU busy time
+#   bash benchmarks/gpu_served_speed.sh aoti   # there: the users' BERT4Rec as torch_aoti against TorchScript, one server
 #
 # One device call carries at most 64 MiB, so the packs travel in two calls to the same warm machine:
 # `bash benchmarks/gpu_served_speed.sh unpack` with only .gpu/site312.tar.xz and .gpu/stub312.tar.xz
@@ -43,6 +44,7 @@ pack() {
   # The backend's sources and RapidJSON (headers and a CMake config that points at them) for the GPU build.
   mkdir -p "$tmp/backend-src/rapidjson/include"
   cp -r ../shared/third_party/triton-r24.10 "$tmp/backend-src/"
+  cp ../shared/third_party/triton-r26.05/pytorch_backend-r26.05.tar.gz "$tmp/backend-src/triton-r24.10/"
   cp -r /usr/include/rapidjson "$tmp/backend-src/rapidjson/include/"
   printf 'set(RAPIDJSON_INCLUDE_DIRS "${CMAKE_CURRENT_LIST_DIR}/include")\nset(RapidJSON_INCLUDE_DIRS "${RAPIDJSON_INCLUDE_DIRS}")\n' \
     > "$tmp/backend-src/rapidjson/RapidJSONConfig.cmake"
@@ -76,8 +78,11 @@ unpack() {
     return 1
   fi
   export TRITONSHIP_TOOLS=$tools PYTHONPATH=$PWD:$unpacked/site PYTHONUNBUFFERED=1
-  TRITONSHIP_TRITON_SOURCES=$unpacked/backend-src/triton-r24.10 RapidJSON_DIR=$unpacked/backend-src/rapidjson \
-    bash scripts/build_pytorch_backend.sh --gpu --python python3 --tools "$tools" 2>&1 | tee -a "$OUT/backend_build.log"
+  for release in r24.10 r26.05; do
+    TRITONSHIP_TRITON_SOURCES=$unpacked/backend-src/triton-r24.10 RapidJSON_DIR=$unpacked/backend-src/rapidjson \
+      bash scripts/build_pytorch_backend.sh --release $release --gpu --python python3 --tools "$tools" 2>&1 \
+      | tee -a "$OUT/backend_build.log"
+  done
   nvidia-smi -L | tee "$OUT/machine.txt"
 }
 
@@ -107,7 +112,7 @@ backend() {
 # Every gpu-marked test: CUDA TorchScript served by the backend's GPU build, and the ensemble release test.
 tests() {
   unpack || exit 0
-  python3 -m pytest -p no:cacheprovider -m gpu --durations=10 tests/test_export_compile.py tests/test_ensemble.py tests/test_latency_injection.py 2>&1 | tee "$OUT/pytest_gpu_h200.log"
+  python3 -m pytest -p no:cacheprovider -m gpu --durations=10 tests/test_export_compile.py tests/test_aoti.py tests/test_ensemble.py tests/test_latency_injection.py 2>&1 | tee "$OUT/pytest_gpu_h200.log"
 }
 
 # The users' BERT4Rec ensemble released and served default against tuned (benchmarks/gpu_bert4rec.py), one
@@ -143,6 +148,20 @@ floor() {
   python3 benchmarks/model_floor.py --device cuda "$@" 2>&1 \
     | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace\|USDT" | tee -a "$OUT/model_floor.log" || true
   fetch "model_floor_cuda_*.json"
+}
+
+# The users' BERT4Rec, the model and the folded release, as torch_aoti and as TorchScript on one server
+# (benchmarks/gpu_aoti.py), after the gpu-marked tests of both backends (`AOTI_TESTS=0` leaves them out);
+# arguments go to it. LIMIT_S=N stops the benchmark as bert4rec's does.
+aoti() {
+  unpack || exit 0
+  if [ "${AOTI_TESTS:-1}" = 1 ]; then
+    python3 -m pytest -p no:cacheprovider -m gpu --durations=5 tests/test_aoti.py tests/test_export_compile.py 2>&1 \
+      | tee "$OUT/pytest_gpu_aoti.log" || true
+  fi
+  timeout -s INT -k 20 "${LIMIT_S:-0}" python3 benchmarks/gpu_aoti.py "$@" 2>&1 \
+    | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace\|USDT\|loss_type" | tee -a "$OUT/gpu_aoti.log" || true
+  fetch "gpu_aoti_cuda_*.json"
 }
 
 # The gate's A/A and +25% trials on the GPU (benchmarks/gate_quality.py --gpu); arguments go to it.

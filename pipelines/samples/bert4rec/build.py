@@ -17,6 +17,7 @@ from pipelines.samples.bert4rec import DEMO, HERE, TOP_K, USERS, Size, histories
 
 if TYPE_CHECKING:
     from components.model.ensemble import CompiledStep, Step
+    from components.settings import Target
 
 
 def compiled_folder(
@@ -27,10 +28,11 @@ def compiled_folder(
     precision: str = "fp32",
     tolerance: Tolerance | None = None,
     golden: dict[str, np.ndarray] | None = None,
+    target: Target = "torchscript",
 ) -> Path:
     """The sample's `factory` (or any "module:function") through the export and compile steps (TorchScript
-    for Triton's PyTorch backend, on `device` at `precision`, checked at `tolerance`): the model folder `out`,
-    named as it."""
+    for Triton's PyTorch backend, or another `target`, on `device` at `precision`, checked at `tolerance`):
+    the model folder `out`, named as it."""
     from components.model.compile import compile_model
     from components.model.export import export
 
@@ -45,7 +47,7 @@ def compiled_folder(
             work / "export",
             golden=work / "golden.npz" if golden is not None else None,
         )
-        compile_model(work / "export", out, out.name, precision=precision, device=device, tolerance=tolerance)
+        compile_model(work / "export", out, out.name, target, precision, device, tolerance)
     return out
 
 
@@ -123,9 +125,11 @@ def build_folded(
     device: str = "cpu",
     precision: str = "fp32",
     tolerance: Tolerance | None = None,
+    target: Target = "torchscript",
 ) -> Path:
-    """The model with its steps folded in (`WithCatalogue`) through the export and compile steps as one
-    model folder `out` (named as it), its golden samples real histories; the size is the factory's model's."""
+    """The model with its steps folded in (`WithCatalogue`) through the export and compile steps (to `target`)
+    as one model folder `out` (named as it), its golden samples real histories; the size is the factory's
+    model's."""
     size = getattr(bert4rec, factory)().model.size
     golden = {"history": histories(16, seed=7, size=size)}
-    return compiled_folder(factory, size.signatures()["folded"], out, device, precision, tolerance, golden)
+    return compiled_folder(factory, size.signatures()["folded"], out, device, precision, tolerance, golden, target)

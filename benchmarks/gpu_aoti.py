@@ -1,0 +1,196 @@
+"""The users' BERT4Rec as an AOTInductor package (`torch_aoti`) against TorchScript (`pytorch_libtorch`), both
+served by one Triton in one run: does the aoti target reach the H200 goals (the model alone >= 20,000/s and the
+ensemble's work >= 10,000/s, each at p99 <= 4 ms)?
+
+    python3 benchmarks/gpu_aoti.py                      # the GPU machine: bash benchmarks/gpu_served_speed.sh aoti
+    .venv/bin/python benchmarks/gpu_aoti.py --device cpu --precision fp32 --size demo --rates 100 200   # CPU smoke
+
+Each release is compiled from the sample's weights by the export and compile steps, once per target (`--targets`),
+on `--device` at `--precision`:
+- `model`: the model step alone (item indices and the mask's position in, top-k out; `users_v1`);
+- `folded`: the ensemble's work as one model, its pre/post lookups folded into the forward (catalogue ids in and
+  out; `bert4rec.WithCatalogue`, `users_folded_v1`).
+
+Per folder, first in this process with no server: one call at each `--batches` size (the median of 100 after 20,
+inputs on the device, outputs back on the host) and how long the GPU was busy inside it (torch.profiler: its
+kernels' and copies' durations summed, and their count). Then every folder is published to the embedded S3,
+staged dark on the gate (accuracy against eager), installed in production and loaded together on one replica with
+one serving setting (the signature's max batch, dynamic batching with `--queue-delay-us`; TorchScript on
+`--torchscript-instances` GPU instances, the package on one: r26.05 runs every instance of a package through one
+shared runner, docs/design.md section 5), and measured one at a time with perf_analyzer over HTTP: each offered
+rate of `--rates`, then concurrency 1 (benchmarks/served_points.py: throughput, p50, p99, the GPU's utilisation,
+the batch Triton formed and what one execution cost). The JSON is rewritten after each folder, so a run stopped
+early (LIMIT_S in gpu_served_speed.sh) keeps what it measured.
+Writes benchmarks/results/gpu_aoti_<device>_<size>_<precision>_<releases>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.compiled_speed import median_ms
+from benchmarks.gpu_bert4rec import load_release
+from benchmarks.model_floor import operations
+from benchmarks.served_points import best_within, sweep
+from components.model import aoti, model_folder
+from components.model.model_config import ServingSettings
+from components.release.publish import publish
+from components.release.stage import read_candidate, stage
+from components.repository import ModelRepository
+from components.serving import perf
+from components.serving.triton_admin import TritonAdmin
+from pipelines.samples import bert4rec
+from pipelines.samples.bert4rec import build as bert4rec_build
+from pipelines.stack import EmbeddedStack
+
+HERE = Path(__file__).parent
+FACTORIES = {
+    ("users", "model"): "users_v1",
+    ("demo", "model"): "bert4rec_v1",
+    ("users", "folded"): "users_folded_v1",
+    ("demo", "folded"): "folded_v1",
+}
+GOALS = {"model": (20_000, 4.0), "folded": (10_000, 4.0)}  # infer/s within p99 ms (issue 42)
+RUN_ID = "gpu-aoti"
+
+
+def build(work: Path, size: str, release: str, target: str, device: str, precision: str) -> model_folder.ModelFolder:
+    factory = FACTORIES[size, release]
+    users_fp16 = size == "users" and precision == "fp16"
+    tolerance = bert4rec.USERS_FP16_TOLERANCE if users_fp16 else None
+    out = work / f"b4r_{release}_{target}"
+    if release == "folded":
+        bert4rec_build.build_folded(out, factory, device, precision, tolerance, target)
+    else:
+        signature = getattr(bert4rec, factory)().size.signatures()["model"]
+        bert4rec_build.compiled_folder(factory, signature, out, device, precision, tolerance, target=target)
+    return model_folder.read(out)
+
+
+def host_outputs(folder: model_folder.ModelFolder, device: str) -> Callable[..., list[torch.Tensor]]:
+    """The compiled file loaded as the backend loads it, its outputs brought to the host as the server hands them."""
+    path = folder.version_dir / model_folder.model_file(folder.config)
+    if path.suffix == ".pt2":
+        run = aoti.load_aoti(path, folder.signature, device)
+    else:
+        run = torch.jit.load(str(path), map_location=device).eval()
+
+    def call(*args: torch.Tensor) -> list[torch.Tensor]:
+        result = run(*args)
+        return [t.cpu() for t in ((result,) if isinstance(result, torch.Tensor) else result)]
+
+    return call
+
+
+def one_call(folder: model_folder.ModelFolder, device: str, batches: list[int]) -> list[dict]:
+    call = host_outputs(folder, device)
+    rows = []
+    for batch in batches:
+        batch = min(batch, folder.config.max_batch_size)
+        inputs = [torch.from_numpy(np.resize(a, (batch, *a.shape[1:]))).to(device) for a in folder.golden()[0].values()]
+        ms = median_ms(call, inputs, device, repeats=100, warmup=20)
+        count, busy_ms = operations(call, inputs, device)
+        rows.append({"batch": batch, "ms": round(ms, 3), "operations": count, "gpu_busy_ms": busy_ms})
+        busy = "" if busy_ms is None else f", the GPU busy {busy_ms:.3f} ms ({busy_ms / ms:.0%})"
+        print(f"  {folder.config.name:<20} batch {batch:>3}: {ms:7.3f} ms, {count:>4} operations{busy}", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--precision", default="fp16", choices=("fp32", "fp16", "bf16"))
+    parser.add_argument("--size", default="users", choices=("users", "demo"))
+    parser.add_argument("--releases", default="model,folded", help="model, folded, or both")
+    parser.add_argument("--targets", default="aoti,torchscript", help="the compile targets, each served")
+    parser.add_argument("--rates", type=float, nargs="*", default=[10_000, 20_000])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--queue-delay-us", type=int, default=100)
+    parser.add_argument("--torchscript-instances", type=int, default=2, help="the steadiest in run E (README)")
+    args = parser.parse_args()
+    device = args.device.split(":")[0]
+    releases = args.releases.replace(",", "_")
+    out = HERE / "results" / f"gpu_aoti_{device}_{args.size}_{args.precision}_{releases}.json"
+    report: dict = {
+        "command": " ".join(sys.argv),
+        "torch": torch.__version__,
+        "machine": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "goals": {release: {"infer_per_s": n, "p99_ms": ms} for release, (n, ms) in GOALS.items()},
+        "folders": {},
+    }
+    started = time.monotonic()
+
+    def save() -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report | {"seconds": round(time.monotonic() - started)}, indent=2, default=str))
+
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=1, gate=True) as stack:
+        work, repo_uri = Path(tmp), f"s3://{stack.bucket}"
+        repo = ModelRepository(repo_uri, stack.s3)
+        server = stack.replicas[0]
+        admin = TritonAdmin(server.http_url, load_timeout=300)
+        loaded: dict[str, tuple[model_folder.ModelFolder, Path]] = {}
+        for release in args.releases.split(","):
+            for target in args.targets.split(","):
+                t = time.monotonic()
+                folder = build(work, args.size, release, target, args.device, args.precision)
+                name = folder.config.name
+                entry = report["folders"][name] = {"release": release, "target": target}
+                entry["build_seconds"] = round(time.monotonic() - t)
+                entry["one_call"] = one_call(folder, args.device, args.batches)
+                version = publish(folder.path, repo_uri, RUN_ID, s3=stack.s3, serving_torch=stack.serving_torch).version
+                staged = stage(repo_uri, name, version, stack.gate.http_url, s3=stack.s3, run_id=RUN_ID)
+                entry["stage"] = {"accuracy_passed": staged.accuracy_passed, "load_error": staged.load_error}
+                accuracy = "passed" if staged.accuracy_passed else f"FAILED {staged.load_error or ''}"
+                print(f"{name}: staged v{version}, accuracy {accuracy}", flush=True)
+                candidate = read_candidate(repo, name, version)
+                for member, config in candidate.production_configs().items():
+                    repo.copy_to_production(member, version)
+                    repo.write_desired_config(member, config, None)
+                instances = args.torchscript_instances if target == "torchscript" else 1
+                settings = ServingSettings(max_queue_delay_us=args.queue_delay_us, instance_count=instances)
+                entry["settings"] = settings.__dict__
+                load_release(admin, repo, name, settings)
+                data = perf.write_input_data(candidate.golden_inputs, work / f"{name}.json", batched=True)
+                loaded[name] = (folder, data)
+                save()
+        # every folder is loaded on the one server before any is measured: each measured beside the others
+        for name, (_, data) in loaded.items():
+            entry = report["folders"][name]
+            print(f"{name}: served, {entry['settings']}", flush=True)
+            entry["points"] = sweep(server, name, data, ["http"], args.rates, [1])
+            rate, p99 = GOALS[entry["release"]]
+            best = best_within(entry["points"], p99)
+            entry["goal"] = {"best_within_p99": best, "met": bool(best and best["throughput"] >= rate * 0.99)}
+            save()
+    print(f"\n{'folder':<22} {'1 call, b1 (GPU busy)':>22} {'conc. 1 p50/p99':>17} ", end="")
+    print("  ".join(f"{r:>9,.0f}/s: served, p50/p99" for r in args.rates) + "  goal")
+    for name, entry in report["folders"].items():
+        first = entry["one_call"][0]
+        busy = "" if first["gpu_busy_ms"] is None else f" ({first['gpu_busy_ms']:.3f})"
+        points = entry.get("points", [])
+        single = next((p for p in points if p["concurrency"] == 1), None)
+        conc = "-" if single is None else f"{single['p50_ms']:.2f}/{single['p99_ms']:.2f} ms"
+        rated = [
+            f"{p['throughput'] or 0:>9,.0f}, {p['p50_ms'] or 0:.2f}/{p['p99_ms'] or 0:.2f} ms"
+            for p in points
+            if p["request_rate"]
+        ]
+        met = "met" if entry.get("goal", {}).get("met") else "not met"
+        print(f"{name:<22} {first['ms']:>11.3f} ms{busy:>9} {conc:>17}   " + "   ".join(rated) + f"  {met}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
