@@ -27,6 +27,7 @@ from pipelines.samples import bert4rec
 from tests.models import CNN_SIGNATURE, MODELS, write_signature
 from tests.release_helpers import ABSOLUTE_GATE, replicas, repository, unique
 
+COMPUTE_PARTS = ("compute_input", "compute_infer", "compute_output")
 SERVED = Tolerance(atol=1e-4, rtol=1e-4, int_mismatch=0.0)
 AOTI_MODELS = {
     "cnn": MODELS["cnn"],
@@ -112,6 +113,10 @@ def test_an_aoti_folder_is_served_like_eager_then_tuned_gated_and_promoted(key, 
             _assert_close(answer, {k: v[i : i + 1] for k, v in golden_out.items()}, f"sample {i} batched")
         after = _counts(admin, staged.candidate)
         assert after[1] - before[1] < after[0] - before[0]  # fewer executions than samples
+        # each part of the compute inside the request's time (the r26.05 statistics-order patch)
+        stats = admin.statistics(staged.candidate)["model_stats"][0]["inference_stats"]
+        mean = {part: stats[part]["ns"] / stats[part]["count"] for part in ("success", *COMPUTE_PARTS)}
+        assert all(0 < mean[part] < mean["success"] for part in COMPUTE_PARTS), mean
 
     tuned = tune(
         repository(stack), published.model, published.version, stack.gate.http_url, TuneSettings(budget=3), s3=stack.s3
