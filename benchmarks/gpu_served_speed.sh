@@ -78,6 +78,9 @@ unpack() {
     return 1
   fi
   export TRITONSHIP_TOOLS=$tools PYTHONPATH=$PWD:$unpacked/site PYTHONUNBUFFERED=1
+  # The image's CXX is /opt/gcc's g++, whose libstdc++ is not the one torch loads: an AOTInductor package built
+  # with it crashes the process that loads it (SIGSEGV). Inductor falls back to the system's g++.
+  unset CXX
   for release in r24.10 r26.05; do
     TRITONSHIP_TRITON_SOURCES=$unpacked/backend-src/triton-r24.10 RapidJSON_DIR=$unpacked/backend-src/rapidjson \
       bash scripts/build_pytorch_backend.sh --release $release --gpu --python python3 --tools "$tools" 2>&1 \
