@@ -338,7 +338,11 @@ class ExportedModel:
                 # Moving the module alone leaves devices that export baked into ops (e.g. .to(dtype)) on the CPU.
                 from torch.export.passes import move_to_device_pass
 
-                program = move_to_device_pass(program, device)
+                # an index of its own: ops baked with "cuda" beside weights on "cuda:0" fail AOTInductor's checks
+                place = torch.device(device)
+                if place.type == "cuda" and place.index is None:
+                    place = torch.device("cuda", torch.cuda.current_device())
+                program = move_to_device_pass(program, place)
             return program.module()
         return torch.jit.load(str(self.artifact), map_location=device).eval()
 
