@@ -209,3 +209,29 @@ def test_a_torch_aoti_config_names_the_embedded_backend_only_where_the_environme
     assert (for_server(config).backend, config.backend) == ("torchaoti", "")
     torchscript = model_config.ModelConfig(name="m", platform="pytorch_libtorch")
     assert for_server(torchscript) is torchscript
+
+
+class _WithConstant(torch.nn.Module):
+    """A plain tensor attribute, which torch.export lifts as a constant that `.to(dtype)` does not convert."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.offset = torch.ones(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x + self.offset)
+
+
+def test_a_lifted_fp32_constant_is_pointed_at_the_low_precision_with_the_graph():
+    """What compile_aoti does before an fp16/bf16 compile, on the CPU: the constant left in fp32 would promote
+    the sum back to fp32, and the linear layer would refuse it ("mat1 and mat2 must have the same dtype")."""
+    from components.model.trace_retarget import point_graph_at_dtype
+
+    program = torch.export.export(_WithConstant().eval(), (torch.randn(2, 4),))
+    x = torch.randn(2, 4, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        program.module().to(torch.float16)(x)
+    module = program.module()
+    assert point_graph_at_dtype(module, torch.float32, torch.float16) == 1
+    assert module.to(torch.float16)(x).dtype == torch.float16

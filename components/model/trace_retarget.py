@@ -68,7 +68,9 @@ def point_at_dtype(module: torch.jit.ScriptModule, source: torch.dtype, target: 
 
 def point_graph_at_dtype(module: torch.fx.GraphModule, source: torch.dtype, target: torch.dtype) -> int:
     """The same for an exported program's graph module (`ExportedProgram.module()`): every `source` dtype an
-    operator is given, and `source`'s extremes among its arguments, become `target`'s; returns how many."""
+    operator is given, `source`'s extremes among its arguments, and every `source` tensor constant the graph
+    reads (lifted plain tensor attributes, which `.to(dtype)` leaves alone: one left in fp32 promotes what it
+    touches back to fp32) become `target`'s; returns how many."""
     extremes = {torch.finfo(source).min: torch.finfo(target).min, torch.finfo(source).max: torch.finfo(target).max}
 
     def swap(value: object) -> object:
@@ -83,6 +85,8 @@ def point_graph_at_dtype(module: torch.fx.GraphModule, source: torch.dtype, targ
         if not isinstance(graph_module, torch.fx.GraphModule):
             continue
         for node in graph_module.graph.nodes:
+            if node.op == "get_attr":
+                changed += _point_constant_at_dtype(graph_module, node.target, source, target)
             if node.op != "call_function":
                 continue
             args, kwargs = tuple(swap(a) for a in node.args), {k: swap(v) for k, v in node.kwargs.items()}
@@ -91,3 +95,15 @@ def point_graph_at_dtype(module: torch.fx.GraphModule, source: torch.dtype, targ
                 changed += 1
         graph_module.recompile()
     return changed
+
+
+def _point_constant_at_dtype(module: torch.nn.Module, qualified: str, source: torch.dtype, target: torch.dtype) -> int:
+    owner_name, _, name = qualified.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    value = getattr(owner, name)
+    if not isinstance(value, torch.Tensor) or isinstance(value, torch.nn.Parameter) or value.dtype != source:
+        return 0
+    if name in owner._buffers:  # a buffer follows .to(dtype) on its own
+        return 0
+    setattr(owner, name, value.to(target))
+    return 1
