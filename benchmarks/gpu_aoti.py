@@ -41,10 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.compiled_speed import median_ms
 from benchmarks.gpu_bert4rec import load_release
-from benchmarks.model_floor import operations
+from benchmarks.model_floor import eager, operations
 from benchmarks.served_points import best_within, sweep
 from components.model import aoti, model_folder
-from components.model.model_config import ServingSettings
+from components.model.model_config import AOTI_PLATFORM, ServingSettings
 from components.release.publish import publish
 from components.release.stage import read_candidate, stage
 from components.repository import ModelRepository
@@ -81,16 +81,9 @@ def build(work: Path, size: str, release: str, target: str, device: str, precisi
 def host_outputs(folder: model_folder.ModelFolder, device: str) -> Callable[..., list[torch.Tensor]]:
     """The compiled file loaded as the backend loads it, its outputs brought to the host as the server hands them."""
     path = folder.version_dir / model_folder.model_file(folder.config)
-    if path.suffix == ".pt2":
-        run = aoti.load_aoti(path, folder.signature, device)
-    else:
-        run = torch.jit.load(str(path), map_location=device).eval()
-
-    def call(*args: torch.Tensor) -> list[torch.Tensor]:
-        result = run(*args)
-        return [t.cpu() for t in ((result,) if isinstance(result, torch.Tensor) else result)]
-
-    return call
+    if folder.config.platform == AOTI_PLATFORM:
+        return eager(aoti.load_aoti(path, folder.signature, device))
+    return eager(torch.jit.load(str(path), map_location=device).eval())
 
 
 def one_call(folder: model_folder.ModelFolder, device: str, batches: list[int]) -> list[dict]:

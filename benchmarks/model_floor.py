@@ -20,7 +20,7 @@ import argparse
 import json
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +46,7 @@ def compiled(factory: str, size: bert4rec.Size, device: str, precision: str, wor
     return torch.jit.load(str(model_folder.read(folder).version_dir / model_folder.MODEL_FILE), device)
 
 
-def eager(model: torch.nn.Module) -> Callable:
+def eager(model: Callable[..., Sequence[torch.Tensor]]) -> Callable:
     def call(*args: torch.Tensor) -> list[torch.Tensor]:
         return [out.cpu() for out in model(*args)]
 

@@ -23,9 +23,10 @@ from torch import nn
 from components.model import trace_retarget
 from components.model.compile_errors import CompileError, root_cause
 from components.model.export import ExportedModel, dynamic_shapes
+from components.model.model_config import AOTI_PLATFORM, MODEL_FILES
 from components.model.signature import Signature
 
-MODEL_FILE = "model.pt2"
+MODEL_FILE = MODEL_FILES[AOTI_PLATFORM]
 # What compile needs from the exported model: the aoti target starts from a torch.export program only.
 NEEDS_EXPORT = (
     "the aoti target compiles a torch.export program, and this model was exported as TorchScript ({reason}); "
