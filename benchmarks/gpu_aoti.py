@@ -21,7 +21,7 @@ shared runner, docs/design.md section 5), and measured one at a time with perf_a
 rate of `--rates`, then concurrency 1 (benchmarks/served_points.py: throughput, p50, p99, the GPU's utilisation,
 the batch Triton formed and what one execution cost). The JSON is rewritten after each folder, so a run stopped
 early (LIMIT_S in gpu_served_speed.sh) keeps what it measured.
-Writes benchmarks/results/gpu_aoti_<device>_<size>_<precision>_<releases>.json.
+Writes benchmarks/results/gpu_aoti_<device>_<size>_<precision>_<releases>[_<targets> unless both].json.
 """
 
 from __future__ import annotations
@@ -48,11 +48,12 @@ from components.model.model_config import AOTI_PLATFORM, ServingSettings
 from components.release.publish import publish
 from components.release.stage import read_candidate, stage
 from components.repository import ModelRepository
+from components.repository.store import PRODUCTION
 from components.serving import perf
 from components.serving.triton_admin import TritonAdmin
 from pipelines.samples import bert4rec
 from pipelines.samples.bert4rec import build as bert4rec_build
-from pipelines.stack import EmbeddedStack
+from pipelines.stack import LATENCY_SUMMARIES, EmbeddedStack
 
 HERE = Path(__file__).parent
 FACTORIES = {
@@ -63,6 +64,8 @@ FACTORIES = {
 }
 GOALS = {"model": (20_000, 4.0), "folded": (10_000, 4.0)}  # infer/s within p99 ms (issue 42)
 RUN_ID = "gpu-aoti"
+# Triton's --metrics-config settings to serve with: the stack's (latency summaries for promote's canary), and none
+METRICS = {"summaries": LATENCY_SUMMARIES, "none": ()}
 
 
 def build(work: Path, size: str, release: str, target: str, device: str, precision: str) -> model_folder.ModelFolder:
@@ -110,11 +113,15 @@ def main() -> None:
     parser.add_argument("--rates", type=float, nargs="*", default=[10_000, 20_000])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--queue-delay-us", type=int, default=100)
+    parser.add_argument(
+        "--metrics", nargs="+", default=["summaries"], choices=METRICS, help="each a server with Triton's metrics so"
+    )
     parser.add_argument("--torchscript-instances", type=int, default=2, help="the steadiest in run E (README)")
     args = parser.parse_args()
     device = args.device.split(":")[0]
     releases = args.releases.replace(",", "_")
-    out = HERE / "results" / f"gpu_aoti_{device}_{args.size}_{args.precision}_{releases}.json"
+    targets = "" if args.targets == "aoti,torchscript" else "_" + args.targets.replace(",", "_")
+    out = HERE / "results" / f"gpu_aoti_{device}_{args.size}_{args.precision}_{releases}{targets}.json"
     report: dict = {
         "command": " ".join(sys.argv),
         "torch": torch.__version__,
@@ -131,8 +138,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=1, gate=True) as stack:
         work, repo_uri = Path(tmp), f"s3://{stack.bucket}"
         repo = ModelRepository(repo_uri, stack.s3)
-        server = stack.replicas[0]
-        admin = TritonAdmin(server.http_url, load_timeout=300)
+        servers = {  # the replica as the stack starts it, and one more server per other metrics setting
+            v: stack.replicas[0]
+            if METRICS[v] == LATENCY_SUMMARIES
+            else stack.add_triton(f"metrics-{v}", [PRODUCTION], METRICS[v])
+            for v in args.metrics
+        }
         for release in args.releases.split(","):
             loaded: dict[str, Path] = {}
             for target in args.targets.split(","):
@@ -154,34 +165,45 @@ def main() -> None:
                 instances = args.torchscript_instances if target == "torchscript" else 1
                 settings = ServingSettings(max_queue_delay_us=args.queue_delay_us, instance_count=instances)
                 entry["settings"] = settings.__dict__
-                load_release(admin, repo, name, settings)
+                for served_on in servers.values():
+                    load_release(TritonAdmin(served_on.http_url, load_timeout=300), repo, name, settings)
                 data = perf.write_input_data(candidate.golden_inputs, work / f"{name}.json", batched=True)
                 loaded[name] = data
                 save()
-            # a release's targets are loaded on the one server before either is measured, each beside the other
-            for name, data in loaded.items():
-                entry = report["folders"][name]
-                print(f"{name}: served, {entry['settings']}", flush=True)
-                entry["points"] = sweep(server, name, data, ["http"], args.rates, [1])
-                rate, p99 = GOALS[release]
-                best = best_within(entry["points"], p99)
-                entry["goal"] = {"best_within_p99": best, "met": bool(best and best["throughput"] >= rate * 0.99)}
-                save()
-    print(f"\n{'folder':<22} {'1 call, b1 (GPU busy)':>22} {'conc. 1 p50/p99':>17} ", end="")
+            # a release's targets are loaded on each server before either is measured, each beside the other
+            for variant, served_on in servers.items():
+                for name, data in loaded.items():
+                    entry = report["folders"][name]
+                    print(f"{name}: served with metrics {variant!r}, {entry['settings']}", flush=True)
+                    points = sweep(served_on, name, data, ["http"], args.rates, [1])
+                    rate, p99 = GOALS[release]
+                    best = best_within(points, p99)
+                    met = bool(best and best["throughput"] >= rate * 0.99)
+                    entry.setdefault("served", {})[variant] = {
+                        "metrics_config": list(METRICS[variant]),
+                        "points": points,
+                        "goal": {"best_within_p99": best, "met": met},
+                    }
+                    save()
+    print(f"\n{'folder':<22} {'metrics':<10} {'1 call, b1 (GPU busy)':>22} {'conc. 1 p50/p99':>17} ", end="")
     print("  ".join(f"{r:>9,.0f}/s: served, p50/p99" for r in args.rates) + "  goal")
     for name, entry in report["folders"].items():
         first = entry["one_call"][0]
         busy = "" if first["gpu_busy_ms"] is None else f" ({first['gpu_busy_ms']:.3f})"
-        points = entry.get("points", [])
-        single = next((p for p in points if p["concurrency"] == 1), None)
-        conc = "-" if single is None else f"{single['p50_ms']:.2f}/{single['p99_ms']:.2f} ms"
-        rated = [
-            f"{p['throughput'] or 0:>9,.0f}, {p['p50_ms'] or 0:.2f}/{p['p99_ms'] or 0:.2f} ms"
-            for p in points
-            if p["request_rate"]
-        ]
-        met = "met" if entry.get("goal", {}).get("met") else "not met"
-        print(f"{name:<22} {first['ms']:>11.3f} ms{busy:>9} {conc:>17}   " + "   ".join(rated) + f"  {met}")
+        for variant, served in entry.get("served", {}).items():
+            single = next((p for p in served["points"] if p["concurrency"] == 1), None)
+            conc = "-" if single is None else f"{single['p50_ms']:.2f}/{single['p99_ms']:.2f} ms"
+            rated = [
+                f"{p['throughput'] or 0:>9,.0f}, {p['p50_ms'] or 0:.2f}/{p['p99_ms'] or 0:.2f} ms"
+                for p in served["points"]
+                if p["request_rate"]
+            ]
+            met = "met" if served["goal"]["met"] else "not met"
+            print(
+                f"{name:<22} {variant:<10} {first['ms']:>11.3f} ms{busy:>9} {conc:>17}   "
+                + "   ".join(rated)
+                + f"  {met}"
+            )
     print(f"wrote {out}")
 
 

@@ -39,6 +39,8 @@ from pipelines.processes import ManagedProcess, StackError, free_port, port_is_o
 from pipelines.triton_install import AOTI_BACKEND, backend_directory, triton_env
 
 LOG = log.get("stack")
+# Latency quantiles per model and version, which promote's canary compares (components/release/canary.py).
+LATENCY_SUMMARIES = ("summary_latencies=true",)
 
 
 def gpu_visible() -> bool:
@@ -267,8 +269,11 @@ class EmbeddedStack:
             self.s3_switch.restore()
 
     # -------------------------------------------------------------------------------------- Triton
-    def add_triton(self, name: str, prefixes: Sequence[str]) -> TritonServer:
-        """Start one more tritonserver mounting `prefixes` of the bucket, and wait until it is ready."""
+    def add_triton(
+        self, name: str, prefixes: Sequence[str], metrics_config: Sequence[str] = LATENCY_SUMMARIES
+    ) -> TritonServer:
+        """Start one more tritonserver mounting `prefixes` of the bucket, and wait until it is ready;
+        `metrics_config` gives its `--metrics-config` settings."""
         last_error: StackError | None = None
         for _attempt in range(3):
             ports = [free_port(), free_port(), free_port()]
@@ -283,9 +288,7 @@ class EmbeddedStack:
                 "--grpc-address=127.0.0.1",
                 f"--allow-gpu-metrics={'true' if gpu_visible() else 'false'}",  # nv_gpu_* for the reports
                 "--allow-cpu-metrics=true",
-                # latency quantiles per model and version, which promote's canary compares
-                # (components/release/canary.py)
-                "--metrics-config=summary_latencies=true",
+                *[f"--metrics-config={setting}" for setting in metrics_config],
                 "--exit-timeout-secs=5",
                 "--log-verbose=0",
                 *admin_key.triton_args(self.admin_key, self.locked_apis),
