@@ -39,7 +39,9 @@ from pipelines.processes import ManagedProcess, StackError, free_port, port_is_o
 from pipelines.triton_install import AOTI_BACKEND, backend_directory, triton_env
 
 LOG = log.get("stack")
-# Latency quantiles per model and version, which promote's canary compares (components/release/canary.py).
+# Latency quantiles per model and version, which promote's canary compares (components/release/canary.py). The
+# production replicas keep them, the gate does not: on an H200 they held a replica near 10,000 infer/s
+# (benchmarks/README.md, "Triton's latency summaries").
 LATENCY_SUMMARIES = ("summary_latencies=true",)
 
 
@@ -173,7 +175,7 @@ class EmbeddedStack:
         for i in range(self.replica_count):
             self.add_triton(f"prod-{i}", [PRODUCTION_PREFIX])
         if self.with_gate:
-            self.add_triton("gate", [PRODUCTION_PREFIX, STAGING_PREFIX])
+            self.add_triton("gate", [PRODUCTION_PREFIX, STAGING_PREFIX], metrics_config=())
         return self
 
     def stop(self) -> None:

@@ -144,6 +144,14 @@ def test_admin_apis_are_locked_with_the_secret_and_only_the_pipeline_reaches_the
     assert not any("restricted" in a for a in _container(open_chart, "production")["args"])
 
 
+def test_latency_summaries_are_kept_on_production_pods_only_and_can_be_turned_off():
+    summaries = "--metrics-config=summary_latencies=true"
+    objects = render()
+    assert summaries in _container(objects, "production")["args"]
+    assert summaries not in _container(objects, "gate")["args"]
+    assert summaries not in _container(render(sets=("latencySummaries=false",)), "production")["args"]
+
+
 def test_rendered_triton_arguments_come_up_ready_on_the_embedded_stack(tmp_path, stack):
     name = unique("chart")
     folder = mlp_folder(tmp_path, name)
