@@ -14,8 +14,9 @@ on `--device` at `--precision`:
 Per folder, first in this process with no server: one call at each `--batches` size (the median of 100 after 20,
 inputs on the device, outputs back on the host) and how long the GPU was busy inside it (torch.profiler: its
 kernels' and copies' durations summed, and their count). Then every folder is published to the embedded S3,
-staged dark on the gate (accuracy against eager), installed in production and loaded on one replica (a release's targets together) with
-one serving setting (the signature's max batch, dynamic batching with `--queue-delay-us`; TorchScript on
+staged dark on the gate (accuracy against eager), installed in production and loaded (a release's targets
+together) on one server per `--metrics` setting (`summaries`: the stack's replica, which keeps Triton's latency
+summaries; `none`: one more server without them) with one serving setting (the signature's max batch, dynamic batching with `--queue-delay-us`; TorchScript on
 `--torchscript-instances` GPU instances, the package on one: r26.05 runs every instance of a package through one
 shared runner, docs/design.md section 5), and measured one at a time with perf_analyzer over HTTP: each offered
 rate of `--rates`, then concurrency 1 (benchmarks/served_points.py: throughput, p50, p99, the GPU's utilisation,
