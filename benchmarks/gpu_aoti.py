@@ -13,15 +13,15 @@ on `--device` at `--precision`:
 
 Per folder, first in this process with no server: one call at each `--batches` size (the median of 100 after 20,
 inputs on the device, outputs back on the host) and how long the GPU was busy inside it (torch.profiler: its
-kernels' and copies' durations summed, and their count). Then every folder is published to the embedded S3,
-staged dark on the gate (accuracy against eager), installed in production and loaded (a release's targets
-together) on one server per `--metrics` setting (`summaries`: the stack's replica, which keeps Triton's latency
-summaries; `none`: one more server without them) with one serving setting (the signature's max batch, dynamic batching with `--queue-delay-us`; TorchScript on
-`--torchscript-instances` GPU instances, the package on one: r26.05 runs every instance of a package through one
-shared runner, docs/design.md section 5), and measured one at a time with perf_analyzer over HTTP: each offered
-rate of `--rates`, then concurrency 1 (benchmarks/served_points.py: throughput, p50, p99, the GPU's utilisation,
-the batch Triton formed and what one execution cost). The JSON is rewritten after each folder, so a run stopped
-early (LIMIT_S in gpu_served_speed.sh) keeps what it measured.
+kernels' and copies' durations summed, and their count). Then every folder is published to the embedded S3, staged
+dark on the gate (accuracy against eager), installed in production and loaded (a release's targets together) on one
+server per `--metrics` setting (`summaries`: the stack's replica, which keeps Triton's latency summaries; `none`:
+one more server without them) with one serving setting (the signature's max batch, dynamic batching with
+`--queue-delay-us`; TorchScript on `--torchscript-instances` GPU instances, the package on one: r26.05 runs every
+instance of a package through one shared runner, docs/design.md section 5), and measured one at a time with
+perf_analyzer over HTTP: each offered rate of `--rates`, then concurrency 1 (benchmarks/served_points.py:
+throughput, p50, p99, the GPU's utilisation, the batch Triton formed and what one execution cost). The JSON is
+rewritten after each folder, so a run stopped early (LIMIT_S in gpu_served_speed.sh) keeps what it measured.
 Writes benchmarks/results/gpu_aoti_<device>_<size>_<precision>_<releases>[_<targets> unless both].json.
 """
 
@@ -114,9 +114,7 @@ def main() -> None:
     parser.add_argument("--rates", type=float, nargs="*", default=[10_000, 20_000])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--queue-delay-us", type=int, default=100)
-    parser.add_argument(
-        "--metrics", nargs="+", default=["summaries"], choices=METRICS, help="each a server with Triton's metrics so"
-    )
+    parser.add_argument("--metrics", nargs="+", default=["summaries"], choices=METRICS, help="one server per setting")
     parser.add_argument("--torchscript-instances", type=int, default=2, help="the steadiest in run E (README)")
     args = parser.parse_args()
     device = args.device.split(":")[0]
