@@ -143,6 +143,7 @@ def main() -> None:
             else stack.add_triton(f"metrics-{v}", [PRODUCTION], METRICS[v])
             for v in args.metrics
         }
+        admins = [TritonAdmin(s.http_url, load_timeout=300) for s in servers.values()]
         for release in args.releases.split(","):
             loaded: dict[str, Path] = {}
             for target in args.targets.split(","):
@@ -164,8 +165,8 @@ def main() -> None:
                 instances = args.torchscript_instances if target == "torchscript" else 1
                 settings = ServingSettings(max_queue_delay_us=args.queue_delay_us, instance_count=instances)
                 entry["settings"] = settings.__dict__
-                for served_on in servers.values():
-                    load_release(TritonAdmin(served_on.http_url, load_timeout=300), repo, name, settings)
+                for admin in admins:
+                    load_release(admin, repo, name, settings)
                 data = perf.write_input_data(candidate.golden_inputs, work / f"{name}.json", batched=True)
                 loaded[name] = data
                 save()
@@ -184,6 +185,8 @@ def main() -> None:
                         "goal": {"best_within_p99": best, "met": met},
                     }
                     save()
+        for admin in admins:
+            admin.close()
     print(f"\n{'folder':<22} {'metrics':<10} {'1 call, b1 (GPU busy)':>22} {'conc. 1 p50/p99':>17} ", end="")
     print("  ".join(f"{r:>9,.0f}/s: served, p50/p99" for r in args.rates) + "  goal")
     for name, entry in report["folders"].items():
