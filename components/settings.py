@@ -46,6 +46,11 @@ DEFAULT_CLEANUP_GRACE_S = 3600.0  # repo gc: how old an unsealed version must be
 DEFAULT_LEASE_S = 3600.0  # stage, tune, gate, promote: how long a release lease lasts unless renewed
 DEFAULT_LOAD_TIMEOUT_S = 300.0  # stage, promote: how long one model load may take on a server
 DEFAULT_EXPORT_METHOD: ExportMethod = "auto"
+# quality: a metric with no limit of its own may drop this much against stable (percent of stable's value);
+# the evaluation data is read in chunks of this many rows, and each model gets this many requests in flight
+DEFAULT_QUALITY_MAX_DROP_PCT = 2.0
+DEFAULT_QUALITY_CHUNK_ROWS = 8192
+DEFAULT_QUALITY_REQUESTS_IN_FLIGHT = 4
 DEFAULT_TENSORRT_OPT_BATCH = 8  # compile: the batch size TensorRT optimises for
 DEFAULT_TENSORRT_WORKSPACE_GB = 2.0
 # Where it differs from the CLI on purpose: the pipeline compiles on a GPU node, with Torch-TensorRT in fp16

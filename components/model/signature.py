@@ -233,7 +233,7 @@ class Signature:
         if extra:
             raise SignatureError(f"{what}: unexpected tensor(s) {', '.join(extra)} (expected {sorted(expected)}).")
         for spec in specs:
-            check_tensor(spec, tuple(arrays[spec.name].shape), _np_dtype_name(arrays[spec.name].dtype), what)
+            check_tensor(spec, tuple(arrays[spec.name].shape), numpy_dtype_name(arrays[spec.name].dtype), what)
 
     @property
     def has_dynamic_dims(self) -> bool:
@@ -268,7 +268,7 @@ def check_tensor(spec: TensorSpec, shape: tuple[int, ...], dtype: str, what: str
             )
 
 
-def _np_dtype_name(dtype: np.dtype) -> str:
+def numpy_dtype_name(dtype: np.dtype) -> str:
     for name, (_t, np_dtype, *_rest) in DTYPES.items():
         if np_dtype is not None and np.dtype(np_dtype) == dtype:
             return name

@@ -40,10 +40,11 @@ import numpy as np
 
 from components import log
 from components.errors import TritonshipError
-from components.model import ensemble, model_config
+from components.model import model_config
 from components.release import gate_stats
-from components.release.results import GateResult, StageResult, TuneResult
-from components.release.stage import read_candidate
+from components.release.quality import fold_into_verdict
+from components.release.results import GateResult, QualityResult, StageResult, TuneResult
+from components.release.stage import load_stable, read_candidate
 from components.repository import ModelRepository, candidate_name
 from components.s3 import S3Settings
 from components.serving import perf, server_metrics
@@ -170,11 +171,13 @@ def gate(
     run_id: str = "",
     tuning: TuneResult | None = None,
     metrics_url: str = "",
+    quality: QualityResult | None = None,
 ) -> GateResult:
     """The gate step. Never raises for a measurement problem: it becomes the verdict.
 
     With `tuning`, the candidate is measured as the tune step left it loaded: with the chosen settings.
-    With the gate server's `metrics_url`, its GPU and CPU utilisation while measuring go into the verdict."""
+    With the gate server's `metrics_url`, its GPU and CPU utilisation while measuring go into the verdict.
+    With `quality` (the quality step's result), the verdict is both's: pass only when both pass."""
     started = time.monotonic()  # the budget covers the whole decision, loading the stable version included
     settings = settings or GateSettings()
     repo = ModelRepository(repository, s3)
@@ -186,6 +189,11 @@ def gate(
         _measure(repo, result, settings, stage_result, desired, gate_url, metrics_url, started)
     except TritonshipError as exc:
         _failed(result, str(exc))
+    if quality is not None:
+        result.quality, result.speed_verdict = quality, result.verdict
+        result.verdict = fold_into_verdict(result.verdict, quality)
+        if quality.decision != "pass":
+            result.reasons = [f"quality: {r}" for r in quality.reasons] + result.reasons
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "verdict.json").write_text(result.to_json())
@@ -206,6 +214,7 @@ def gate(
         effects=[e.to_dict() for e in result.effects],
         rounds=result.rounds,
         serving=result.tuning["chosen"] if result.tuning else None,
+        quality=quality.decision if quality is not None else None,
     )
     log.event(LOG, "verdict", model=model, version=version, verdict=result.verdict, reasons="; ".join(result.reasons))
     return result
@@ -252,14 +261,7 @@ def _measure(
             return
         if with_stable:
             try:
-                loading = time.monotonic()
-                for member in ensemble.member_names(desired):  # an ensemble's stable members first
-                    member_config, _ = repo.desired_config(member)
-                    admin.load(member, member_config)
-                    admin.wait_ready(member, ensemble.pinned_member_version(desired))
-                admin.load(result.model, desired)
-                admin.wait_ready(result.model, result.stable_version or "")
-                result.stable_load_seconds = time.monotonic() - loading
+                result.stable_load_seconds = load_stable(admin, repo, result.model, desired)
                 targets.append(perf.Target(result.model, str(result.stable_version)))
             except TritonError as exc:
                 result.reasons = [f"the stable version could not be loaded on the gate server: {exc}"]

@@ -106,7 +106,8 @@ class Rounds:
 class Effect:
     """One limit's figure: its estimate, its interval and where the interval lies against the limit.
 
-    Relative effects are fractions (0.041 = +4.1%); absolute ones are in their unit (ms, 1/s)."""
+    Relative effects are fractions (0.041 = +4.1%); absolute ones are in their unit (ms, 1/s, or "" for a quality
+    metric's own unit)."""
 
     name: str
     estimate: float
@@ -114,7 +115,7 @@ class Effect:
     high: float
     limit: float
     higher_is_worse: bool
-    unit: Literal["%", "ms", "/s"]
+    unit: Literal["%", "ms", "/s", ""]
 
     @property
     def status(self) -> Status:
@@ -134,11 +135,12 @@ class Effect:
                 f"{self.name} {fmt(self.estimate)}% [{fmt(self.low)}, {fmt(self.high)}] (limit {self.limit * 100:+g}%)"
             )
         else:
-            spec = ".2f" if self.unit == "ms" else ",.0f"
+            spec = {"ms": ".2f", "/s": ",.0f"}.get(self.unit, ".4f")
             bound = "≤" if self.higher_is_worse else "≥"
+            unit = f" {self.unit}" if self.unit else ""
             text = (
-                f"{self.name} {self.estimate:{spec}} {self.unit} [{self.low:{spec}}, {self.high:{spec}}] "
-                f"(limit {bound} {self.limit:g} {self.unit})"
+                f"{self.name} {self.estimate:{spec}}{unit} [{self.low:{spec}}, {self.high:{spec}}] "
+                f"(limit {bound} {self.limit:g}{unit})"
             )
         return f"{text}: {self.status}"
 

@@ -185,6 +185,27 @@ class TuneResult(Result):
         return {"gain_pct": self.gain_pct, "settings_measured": self.settings_measured}
 
 
+# ----------------------------------------------------------------------------------------- quality
+@dataclass
+class QualityResult(Result):
+    """The quality check's decision and its evidence: each metric for both versions over the labelled rows, overall
+    and per slice, with the paired difference's interval, and every limit's effect (components/release/quality.py)."""
+
+    model: str
+    version: int
+    stable_version: int | None
+    decision: VerdictName
+    reasons: list[str]
+    eval_data: str = ""
+    rows: int = 0
+    confidence: float = 0.0
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # per metric and slice: values, difference, interval
+    effects: list[dict[str, Any]] = field(default_factory=list)  # each limit's Effect, with the rows that would decide
+    spec: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    stable_load_seconds: float = 0.0
+
+
 # -------------------------------------------------------------------------------------------- gate
 @dataclass
 class Verdict(Result):
@@ -210,6 +231,8 @@ class Verdict(Result):
     stable_rounds: list[dict[str, Any]] = field(default_factory=list)
     p99_regression_pct: float | None = None
     throughput_regression_pct: float | None = None
+    quality: QualityResult | None = None  # the quality check on labelled data, when the release has one
+    speed_verdict: VerdictName | None = None  # the speed measurement's own verdict, before quality is folded in
 
 
 @dataclass
@@ -232,6 +255,8 @@ class GateResult:
     settings: dict[str, Any] = field(default_factory=dict)
     tuning: dict[str, Any] | None = None
     server: dict[str, Any] = field(default_factory=dict)
+    quality: QualityResult | None = None
+    speed_verdict: VerdictName | None = None
 
     def effect(self, name: str) -> Effect | None:
         return next((e for e in self.effects if e.name == name), None)

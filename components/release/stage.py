@@ -113,6 +113,19 @@ def served_accuracy(
     ]
 
 
+def load_stable(admin: TritonAdmin, repo: ModelRepository, model: str, desired: model_config.ModelConfig) -> float:
+    """Load the stable version (an ensemble's stable members first) on the gate beside the candidate, as
+    production's desired state has it; the seconds it took. Raises TritonError."""
+    loading = time.monotonic()
+    for member in ensemble.member_names(desired):
+        member_config, _ = repo.desired_config(member)
+        admin.load(member, member_config)
+        admin.wait_ready(member, ensemble.pinned_member_version(desired))
+    admin.load(model, desired)
+    admin.wait_ready(model, desired.version_policy.specific.versions[0])
+    return time.monotonic() - loading
+
+
 def stage(
     repository: str,
     model: str,

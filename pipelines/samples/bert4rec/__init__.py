@@ -109,7 +109,9 @@ class BERT4Rec(nn.Module):
         )
         self.bert = BertForMaskedLM(config).eval()
 
-    def forward(self, item_ids: torch.Tensor, mask_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def item_logits(self, item_ids: torch.Tensor, mask_pos: torch.Tensor) -> torch.Tensor:
+        """The [B, items] logits of items 1..items at the masked position: what the forward ranks and what
+        training (training.py) scores with cross-entropy."""
         batch, length = item_ids.shape
         positions = torch.arange(length, device=item_ids.device).unsqueeze(0).expand(batch, -1)
         attention = (item_ids != PAD).long()
@@ -118,8 +120,10 @@ class BERT4Rec(nn.Module):
         # The MLM head is position-wise: scoring every position and gathering the target after (what
         # BertForMaskedLM's .logits does) gives the same answer for `length` times the work and a
         # [batch, length, items] tensor, 2.3 GB for a batch of 116 at the users' size in fp16.
-        item_logits = self.bert.cls(at_target)[:, 1 : self.size.items + 1]  # drop padding and the mask token
-        scores, indices = torch.topk(torch.softmax(item_logits, dim=-1), TOP_K, dim=-1)
+        return self.bert.cls(at_target)[:, 1 : self.size.items + 1]  # drop padding and the mask token
+
+    def forward(self, item_ids: torch.Tensor, mask_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores, indices = torch.topk(torch.softmax(self.item_logits(item_ids, mask_pos), dim=-1), TOP_K, dim=-1)
         return indices + 1, scores
 
 
