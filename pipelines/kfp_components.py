@@ -179,6 +179,66 @@ def tune_op(
     return text
 
 
+@dsl.component(base_image=image("gate"))
+def quality_op(
+    repository: str,
+    model_name: str,
+    version: int,
+    gate: str,
+    stage_result: str,
+    s3_endpoint: str,
+    run_id: str,
+    settings: dict,
+    metrics: Output[Metrics],
+    report: Output[Markdown],
+    report_html: Output[HTML],
+) -> str:
+    """Labelled rows through the candidate and stable on the gate; each metric's change judged against its limits.
+    Returns the quality result (JSON), or "" when the release has no evaluation data or its staging failed; bad
+    evaluation data or a bad spec fails the run (nothing is promoted, stable keeps serving)."""
+    import re
+    import tempfile
+    from pathlib import Path
+
+    from components.release import quality_report
+    from components.release.quality import quality
+    from components.release.quality_spec import QualitySettings
+    from components.release.results import StageResult
+    from components.s3 import S3Settings
+    from components.serving.replicas import resolve
+
+    chosen = QualitySettings.from_flat(**settings["quality"])
+    if not chosen.enabled or not StageResult.from_json(stage_result).accuracy_passed:
+        Path(report.path).write_text("# Quality: not run\n")
+        Path(report_html.path).write_text("<p>Quality: not run</p>")
+        return ""
+    result = quality(
+        repository,
+        model_name,
+        int(version),
+        resolve(gate)[0].url,
+        chosen.eval_data,
+        chosen.spec,
+        s3=S3Settings.from_env(s3_endpoint),
+        run_id=run_id,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        quality_report.write(result, Path(tmp))
+        Path(report.path).write_text((Path(tmp) / "quality.md").read_text())
+        Path(report_html.path).write_text((Path(tmp) / "quality.html").read_text())
+    for figures in result.metrics:  # the whole set's: candidate, stable and their difference, for the UI to compare
+        if figures["slice"] or "problem" in figures:
+            continue
+        name = re.sub(r"[^A-Za-z0-9_]+", "_", figures["metric"]).strip("_")
+        for key in ("candidate", "stable", "difference"):
+            if figures.get(key) is not None:
+                metrics.log_metric(f"{name}_{key}", round(figures[key], 6))
+    metrics.log_metric("quality_rows", result.rows)
+    metrics.log_metric("quality_passed", 1.0 if result.decision == "pass" else 0.0)
+    print(quality_report.summary(result))
+    return result.to_json()
+
+
 @dsl.component(base_image=image("tools"))
 def settings_op(flat: dict) -> dict:
     """Every step's settings from the pipeline's parameters, checked before anything runs: a wrong one fails
@@ -196,6 +256,7 @@ def gate_op(
     gate: str,
     stage_result: str,
     tuning_json: str,
+    quality_json: str,
     s3_endpoint: str,
     run_id: str,
     settings: dict,
@@ -209,7 +270,7 @@ def gate_op(
     from pathlib import Path
 
     from components.release.gate import gate as run_gate
-    from components.release.results import StageResult, TuneResult
+    from components.release.results import QualityResult, StageResult, TuneResult
     from components.s3 import S3Settings
     from components.serving.replicas import resolve
     from components.settings import GateSettings
@@ -228,6 +289,7 @@ def gate_op(
             run_id=run_id,
             tuning=TuneResult.from_json(tuning_json),
             metrics_url=server.metrics_url,
+            quality=QualityResult.from_json(quality_json) if quality_json else None,
         )
         Path(report.path).write_text((Path(tmp) / "report.md").read_text())
         Path(report_html.path).write_text((Path(tmp) / "report.html").read_text())
@@ -270,16 +332,17 @@ def promote_op(
     from components.serving.replicas import resolve
 
     chosen = PromoteSettings.from_flat(**settings["load"], **settings["canary"])
-    verdict = Verdict.from_json(verdict_json).verdict
+    decided = Verdict.from_json(verdict_json)
     try:
         result = promote(
             repository,
             model_name,
             int(version),
             resolve(replicas),
-            verdict,
+            decided.verdict,
             resolve(gate)[0].url,
             settings=TuneResult.from_json(tuning_json).chosen,
+            quality=decided.quality.decision if decided.quality else None,
             s3=S3Settings.from_env(s3_endpoint),
             run_id=run_id,
             load_timeout=chosen.load_timeout_s,

@@ -20,6 +20,7 @@ from pipelines.kfp_components import (
     gate_op,
     promote_op,
     publish_op,
+    quality_op,
     reject_op,
     settings_op,
     stage_op,
@@ -90,6 +91,20 @@ def release_steps(
             aws_secret_name,
             admin_secret_name,
         )
+        judged = _with_secrets(
+            quality_op(
+                repository=repository,
+                model_name=model_name,
+                version=version,
+                gate=gate,
+                stage_result=staged.output,
+                s3_endpoint=s3_endpoint,
+                run_id=run_id,
+                settings=settings,
+            ),
+            aws_secret_name,
+            admin_secret_name,
+        )
         tuned = _with_secrets(
             tune_op(
                 repository=repository,
@@ -103,7 +118,7 @@ def release_steps(
             ),
             aws_secret_name,
             admin_secret_name,
-        )
+        ).after(judged)  # one measurement on the gate server at a time
         gated = _with_secrets(
             gate_op(
                 repository=repository,
@@ -112,6 +127,7 @@ def release_steps(
                 gate=gate,
                 stage_result=staged.output,
                 tuning_json=tuned.outputs["Output"],
+                quality_json=judged.outputs["Output"],
                 s3_endpoint=s3_endpoint,
                 run_id=run_id,
                 settings=settings,
@@ -216,6 +232,8 @@ def release_pipeline(
     tune_min_gain_pct: float = STEP["tune_min_gain_pct"].default,
     tune_instance_counts: str = STEP["tune_instance_counts"].default,
     tune_intra_op_threads: str = STEP["tune_intra_op_threads"].default,
+    eval_data: str = STEP["eval_data"].default,
+    quality_spec: str = STEP["quality_spec"].default,
     concurrency: int = STEP["concurrency"].default,
     request_rate: float = STEP["request_rate"].default,
     window_ms: int = STEP["window_ms"].default,

@@ -8,8 +8,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from components.release import gate_report
 from components.release.canary_settings import SUMMARY_WINDOW_S
+from components.release.effect_plot import PLOT_FILE, embedded_image, plot
 from components.release.gate_stats import Effect
 from components.release.results import CanaryResult
 
@@ -105,7 +105,7 @@ def html_page(result: CanaryResult, png: Path | None = None) -> str:
         "</style></head><body>"
         f"<h1>Canary: {html.escape(result.model)} v{result.version}: "
         f"<span style='color:{colour}'>{result.decision.upper()}</span></h1>"
-        f"<p>{html.escape(_how(result))}</p><ul>{reasons}</ul>{gate_report.embedded_image(png)}"
+        f"<p>{html.escape(_how(result))}</p><ul>{reasons}</ul>{embedded_image(png)}"
         f"<table><tr>{header}</tr>{rows}</table></body></html>"
     )
 
@@ -115,8 +115,8 @@ def write(result: CanaryResult, out_dir: Path | None) -> None:
     if out_dir is None:
         return
     out_dir.mkdir(parents=True, exist_ok=True)
-    png = out_dir / gate_report.PLOT_FILE
+    png = out_dir / PLOT_FILE
     effects = [Effect(**{f.name: e[f.name] for f in fields(Effect)}) for e in result.effects]
-    has_plot = gate_report.plot(effects, f"canary of {result.model} v{result.version}: {result.decision}", png)
+    has_plot = plot(effects, f"canary of {result.model} v{result.version}: {result.decision}", png)
     (out_dir / "report.md").write_text(markdown(result))
     (out_dir / "report.html").write_text(html_page(result, png if has_plot else None))

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import base64
 import html
 from pathlib import Path
 from typing import Any
 
-from components.release.gate_stats import Effect
+from components.release import quality_report
+from components.release.effect_plot import PLOT_FILE, embedded_image, plot
 from components.release.results import GateResult
 from components.serving import server_metrics
-
-PLOT_FILE = "limits.png"
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -169,54 +167,12 @@ def markdown(result: GateResult) -> str:
         *[f"| {' | '.join(row)} |" for row in rows(result)],
         *tuning_markdown(result.tuning),
     ]
+    if result.quality is not None:
+        lines += ["", *quality_report.markdown_lines(result.quality)]
     return "\n".join(lines) + "\n"
 
 
-def plot(effects: list[Effect], title: str, path: Path) -> bool:
-    """Each limit's interval against the limit (the gate's and the canary's); False when there is nothing to plot."""
-    if not effects:
-        return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(effects), 1, figsize=(6.4, 1.3 + 1.1 * len(effects)), dpi=110, squeeze=False)
-    for ax, effect in zip(axes[:, 0], effects, strict=True):
-        scale = 100 if effect.unit == "%" else 1
-        est, low, high, limit = (v * scale for v in (effect.estimate, effect.low, effect.high, effect.limit))
-        colour = {"within": "tab:green", "beyond": "tab:red"}.get(effect.status, "tab:orange")
-        ax.errorbar([est], [0], xerr=[[est - low], [high - est]], fmt="o", color=colour, capsize=6, lw=2)
-        ax.axvline(limit, color="black", ls="--", lw=1)
-        span = max(abs(high - low), abs(limit - est), 1e-9)
-        left, right = min(low, limit) - 0.3 * span, max(high, limit) + 0.3 * span
-        bad = (limit, right) if effect.higher_is_worse else (left, limit)
-        ax.axvspan(*bad, color="tab:red", alpha=0.08)
-        ax.set_xlim(left, right)
-        ax.set_yticks([])
-        unit = "%" if effect.unit == "%" else f" {effect.unit}"
-        ax.set_title(
-            f"{effect.name}: {est:+.1f}{unit} [{low:+.1f}, {high:+.1f}], limit {limit:+g}{unit} — {effect.status}"
-            if effect.unit == "%"
-            else f"{effect.name}: {est:,.2f}{unit} [{low:,.2f}, {high:,.2f}], limit {limit:g}{unit} — {effect.status}",
-            fontsize=9,
-        )
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
-
-
-def embedded_image(png: Path | None) -> str:
-    """An <img> of the plot inside the page itself (the KFP UI shows one HTML file), or nothing."""
-    if png is None or not png.exists():
-        return ""
-    encoded = base64.b64encode(png.read_bytes()).decode()
-    return f'<img alt="the interval of each limit against the limit" src="data:image/png;base64,{encoded}">'
-
-
-def html_page(result: GateResult, png: Path | None) -> str:
+def html_page(result: GateResult, png: Path | None, quality_png: Path | None = None) -> str:
     image = embedded_image(png)
     table = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows(result))
     header = "".join(f"<th>{html.escape(h)}</th>" for h in SUMMARY_HEADER)
@@ -238,12 +194,20 @@ def html_page(result: GateResult, png: Path | None) -> str:
         f"<p>{html.escape(how_measured(result))}</p>"
         f"<p>Gate server while measuring: {html.escape(server_metrics.describe(result.server))}.</p>"
         f"<ul>{reasons}</ul>{image}<ul>{effects}</ul>"
-        f"<table><tr>{header}</tr>{table}</table>{tuning}</body></html>"
+        f"<table><tr>{header}</tr>{table}</table>{tuning}"
+        + (quality_report.html_section(result.quality, embedded_image(quality_png)) if result.quality else "")
+        + "</body></html>"
     )
 
 
 def write(result: GateResult, out_dir: Path) -> None:
     png = out_dir / PLOT_FILE
     has_plot = plot(result.effects, f"{result.model} v{result.version}: {result.verdict} ({result.rounds} rounds)", png)
+    quality_png = out_dir / quality_report.PLOT_FILE
+    has_quality_plot = result.quality is not None and plot(
+        quality_report.effects(result.quality), f"{result.model} v{result.version}: quality", quality_png
+    )
     (out_dir / "report.md").write_text(markdown(result))
-    (out_dir / "report.html").write_text(html_page(result, png if has_plot else None))
+    (out_dir / "report.html").write_text(
+        html_page(result, png if has_plot else None, quality_png if has_quality_plot else None)
+    )

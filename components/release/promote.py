@@ -127,10 +127,14 @@ def promote(
     progress: Progress | None = None,
     load_timeout: float = DEFAULT_LOAD_TIMEOUT_S,
     canary: CanarySettings | None = None,
+    quality: str | None = None,
 ) -> PromoteResult:
-    """Promote a gated version; `canary` (off when None) measures the first replicas switched on live traffic."""
+    """Promote a gated version; `canary` (off when None) measures the first replicas switched on live traffic.
+    `quality`: the verdict's quality decision, when the release was checked on labelled data."""
     if verdict != "pass":
         raise PromotionError(f"the gate verdict is '{verdict}', not 'pass': nothing is promoted.")
+    if quality is not None and quality != "pass":
+        raise PromotionError(f"the quality check is '{quality}', not 'pass': nothing is promoted.")
     if not replicas:
         raise PromotionError("no production replicas were given; nothing would serve the new version.")
     repo = ModelRepository(repository, s3)

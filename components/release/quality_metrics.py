@@ -179,7 +179,7 @@ class Metric:
 
     def rows(self, outputs: Arrays, labels: Arrays) -> np.ndarray:
         """One value (or one [score, label] pair, for auc) per row, checked."""
-        count = len(next(iter(labels.values())))
+        count = len(next(iter(outputs.values())))
         try:
             values = np.asarray(self.per_row(outputs, labels), dtype=np.float64)
         except Exception as exc:

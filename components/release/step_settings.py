@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, get_args
 
 from components.release.canary_settings import CANARY_PARAMETERS, CanarySettings
+from components.release.quality_spec import QUALITY_PARAMETERS, QualitySettings
 from components.settings import (
     DEFAULT_CLEANUP_GRACE_S,
     DEFAULT_COMPILE_DEVICE,
@@ -369,6 +370,7 @@ STEP_PARAMETERS: dict[tuple[str, ...], tuple[dict[str, Parameter], Any]] = {
     ("publish",): (PUBLISH_PARAMETERS, PublishSettings),
     ("stage",): (LOAD_PARAMETERS, ModelLoadSettings),
     ("tune",): (TUNE_PARAMETERS, TuneSettings),
+    ("quality",): (QUALITY_PARAMETERS, QualitySettings),
     ("gate",): (GATE_PARAMETERS, GateSettings),
     ("promote",): (PROMOTE_PARAMETERS, PromoteSettings),
     ("repo", "gc"): (REPO_GC_PARAMETERS, RepoGcSettings),
@@ -380,6 +382,7 @@ PIPELINE_STEPS = {
     "publish": STEP_PARAMETERS[("publish",)],
     "load": STEP_PARAMETERS[("stage",)],  # stage's and promote's
     "tune": STEP_PARAMETERS[("tune",)],
+    "quality": STEP_PARAMETERS[("quality",)],
     "gate": STEP_PARAMETERS[("gate",)],
     "canary": (CANARY_PARAMETERS, CanarySettings),
 }

@@ -6,7 +6,14 @@ import importlib
 
 from pipelines.cli.common import app
 
-for _group in ("build", "release", "repository", "stack_commands", "kubeflow"):  # the order `--help` lists them in
+for _group in (
+    "build",
+    "release",
+    "quality",
+    "repository",
+    "stack_commands",
+    "kubeflow",
+):  # the order `--help` lists them in
     importlib.import_module(f"pipelines.cli.{_group}")
 
 __all__ = ["app"]

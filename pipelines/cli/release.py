@@ -169,16 +169,20 @@ def gate_cmd(
         "max_throughput_regression_pct"
     ].default,
     tuning: TuningOption = None,
+    quality: Annotated[
+        Path | None, typer.Option(help="quality.json written by `tritonship quality`: the verdict is both's")
+    ] = None,
     gate_metrics: GateMetricsOption = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Measure candidate against stable with perf_analyzer and decide pass / fail / inconclusive. Exit 0 only on pass."""
     from components.release import gate as gate_step
-    from components.release.results import StageResult, TuneResult
+    from components.release.results import QualityResult, StageResult, TuneResult
 
     gate_settings = validated(settings.GateSettings.from_flat, locals(), GATE)
     staged = read_result(stage_result, "stage result", StageResult) if stage_result else None
     tuned = read_result(tuning, "tuning result", TuneResult) if tuning else None
+    judged = read_result(quality, "quality result", QualityResult) if quality else None
     with lease_given_back_on_failure(repository, model, version, s3_endpoint) as succeeded:
         with console.status(f"measuring {model} v{version} against stable (at most {budget_s:g} s)"):
             url, metrics_url = gate_server(gate, gate_metrics)
@@ -193,6 +197,7 @@ def gate_cmd(
                 s3=s3_settings(s3_endpoint),
                 tuning=tuned,
                 metrics_url=metrics_url,
+                quality=judged,
             )
         if (out / "report.md").exists():
             out_console_line((out / "report.md").read_text())
@@ -258,6 +263,7 @@ def promote_cmd(
                 decided.version,
                 targets,
                 decided.verdict,
+                quality=decided.quality.decision if decided.quality else None,
                 gate_url=one_server(gate) if gate else None,
                 settings=serving,
                 s3=s3_settings(s3_endpoint),

@@ -1,0 +1,94 @@
+"""The quality check's report: each metric for both versions, overall and per slice, the paired difference with its
+interval, each limit's effect with a plot, and the one-line summary the CLI prints. The gate's report embeds it."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from components.release.effect_plot import embedded_image, plot
+from components.release.gate_stats import Effect
+from components.release.results import QualityResult
+
+PLOT_FILE = "quality.png"
+HEADER = ("metric", "slice", "rows", "candidate", "stable", "candidate − stable [interval]")
+
+
+def effects(result: QualityResult) -> list[Effect]:
+    """The judged limits as Effects again (the JSON keeps their fields)."""
+    return [Effect(**{f.name: e[f.name] for f in fields(Effect)}) for e in result.effects]
+
+
+def _value(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def rows(result: QualityResult) -> list[tuple[str, ...]]:
+    out = []
+    for m in result.metrics:
+        if "problem" in m:
+            out.append((m["metric"], m["slice"] or "all", "-", m["problem"], "", ""))
+            continue
+        change = "-"
+        if m.get("difference") is not None:
+            low, high = m["difference_interval"]
+            change = f"{m['difference']:+.4f} [{low:+.4f}, {high:+.4f}]"
+        out.append(
+            (m["metric"], m["slice"] or "all", f"{m['rows']:,}", _value(m["candidate"]), _value(m["stable"]), change)
+        )
+    return out
+
+
+def summary(result: QualityResult) -> str:
+    """One line: the decision, and each judged limit's figure."""
+    judged = "; ".join(e["text"] for e in result.effects) or "; ".join(result.reasons)
+    stable = f"v{result.stable_version}" if result.stable_version is not None else "no stable version"
+    return f"quality {result.decision} on {result.rows:,} rows against {stable}: {judged}"
+
+
+def markdown_lines(result: QualityResult) -> list[str]:
+    stable = f"v{result.stable_version}" if result.stable_version is not None else "none (first release)"
+    lines = [
+        f"## Quality: **{result.decision.upper()}**",
+        "",
+        f"{result.rows:,} labelled rows of {result.eval_data}, sent to the candidate and to stable ({stable}) on the "
+        f"gate; intervals at {result.confidence:.0%}; {result.seconds:.1f} s.",
+        "",
+        *[f"- {reason}" for reason in result.reasons],
+        "",
+        f"| {' | '.join(HEADER)} |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+        *[f"| {' | '.join(row)} |" for row in rows(result)],
+    ]
+    more = [e for e in result.effects if e.get("more_rows")]
+    if more:
+        lines += ["", *[f"- {e['name']}: about {e['more_rows']:,} more rows would decide" for e in more]]
+    return lines
+
+
+def html_section(result: QualityResult, image: str) -> str:
+    colour = {"pass": "#1a7f37", "fail": "#cf222e"}.get(result.decision, "#9a6700")
+    header = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
+    table = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows(result))
+    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in result.reasons)
+    return (
+        f"<h2>Quality: <span style='color:{colour}'>{result.decision.upper()}</span></h2>"
+        f"<p>{result.rows:,} labelled rows of {html.escape(result.eval_data)}; intervals at "
+        f"{result.confidence:.0%}.</p><ul>{reasons}</ul>{image}<table><tr>{header}</tr>{table}</table>"
+    )
+
+
+def write(result: QualityResult, out_dir: Path) -> dict[str, Any]:
+    """quality.json, quality.md, quality.html and the plot in `out_dir`; the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png = out_dir / PLOT_FILE
+    has_plot = plot(effects(result), f"{result.model} v{result.version}: quality {result.decision}", png)
+    (out_dir / "quality.json").write_text(result.to_json())
+    (out_dir / "quality.md").write_text("\n".join(markdown_lines(result)) + "\n")
+    page = html_section(result, embedded_image(png if has_plot else None))
+    (out_dir / "quality.html").write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>quality report</title></head><body>{page}</body></html>"
+    )
+    return {"json": out_dir / "quality.json", "markdown": out_dir / "quality.md", "html": out_dir / "quality.html"}

@@ -1,0 +1,75 @@
+"""`tritonship quality`: the candidate against the stable version on labelled data, as the gate serves both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from components.release.quality_spec import QUALITY_PARAMETERS as QUALITY
+from components.release.quality_spec import QualitySettings
+from pipelines.cli.common import (
+    EndpointOption,
+    GateOption,
+    ModelOption,
+    RepositoryOption,
+    VersionOption,
+    app,
+    console,
+    friendly_errors,
+    one_server,
+    option,
+    out_console_line,
+    s3_settings,
+    validated,
+)
+from pipelines.cli.release import lease_given_back_on_failure
+
+
+@app.command("quality")
+@friendly_errors
+def quality_cmd(
+    repository: RepositoryOption,
+    model: ModelOption,
+    version: VersionOption,
+    gate: GateOption,
+    out: Annotated[Path, typer.Option(help="folder for quality.json, quality.md/html and the plot")],
+    eval_data: Annotated[str, option(QUALITY, "eval_data")] = QUALITY["eval_data"].default,
+    quality_spec: Annotated[str, option(QUALITY, "quality_spec")] = QUALITY["quality_spec"].default,
+    s3_endpoint: EndpointOption = None,
+) -> None:
+    """Send labelled rows to the staged candidate and to stable on the gate, and judge each metric's change.
+    Exit 0 only on pass; `tritonship gate --quality` folds the result into the verdict."""
+    from components.errors import TritonshipError
+    from components.release import quality_report
+    from components.release.quality import quality
+
+    chosen = validated(QualitySettings.from_flat, locals(), QUALITY)
+    if not chosen.enabled:
+        raise TritonshipError("give --eval-data (labelled rows) and --quality-spec (the metrics and their limits).")
+    with (
+        lease_given_back_on_failure(repository, model, version, s3_endpoint) as succeeded,
+        Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        ) as bar,
+    ):
+        task = bar.add_task(f"rows through {model} v{version} and stable", total=None)
+        result = quality(
+            repository,
+            model,
+            version,
+            one_server(gate),
+            chosen.eval_data,
+            chosen.spec,
+            s3=s3_settings(s3_endpoint),
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+        bar.stop()
+        quality_report.write(result, out)
+        out_console_line("\n".join(quality_report.markdown_lines(result)))
+        out_console_line(quality_report.summary(result))
+        if result.decision != "pass":
+            raise typer.Exit(1)
+        succeeded.append(True)
