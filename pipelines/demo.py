@@ -1,11 +1,14 @@
-"""The demo: four releases of the users' BERT4Rec recommender through the whole KFP pipeline on the
-embedded stack, with live clients sending long histories to the production replicas from v1 on.
+"""The demo: five releases of the users' BERT4Rec recommender through the whole KFP pipeline on the embedded
+stack, with live clients sending long histories to the production replicas from v1 on.
 
-v1 is the first release (absolute limits only), v2 a retrained model of the same size (promoted after its
-canary), v3 a deliberately slower model (rejected by the gate; v2 keeps serving), v4 v2's answers at a cost
-that grows with the history's length: it passes the gate, which measures at 8 positions, and its canary
-fails on the clients' 32-40 (every replica back on v2). Then a client asks production which version
-answers. The demo checks that story and exits non-zero, saying what differed, when it does not hold.
+The recommender is trained first (pipelines/samples/bert4rec/training.py: synthetic sessions with structure, a few
+seconds a model), and every release is judged on held-out labelled sessions in S3 as well as on speed.
+v1 is the first release (absolute limits and quality floors only), v2 a retrain with another seed (promoted after
+its canary), v3 a deliberately slower model (rejected by the gate; v2 keeps serving), v4 v2's answers at a cost
+that grows with the history's length beyond 16 positions: exactly v2's work at the gate's 8, and its canary
+fails on the clients' 32-40 (every replica back on v2), v5 a retrain on a corrupted log, as fast and as faithful
+to itself, rejected by the quality check. Then a client asks production which version answers. The demo checks
+that story and exits non-zero, saying what differed, when it does not hold.
 """
 
 from __future__ import annotations
@@ -28,13 +31,17 @@ from pipelines.samples import bert4rec
 from pipelines.stack import EmbeddedStack
 
 MODEL = "bert4rec"
-# (label, model factory, what the release must end as)
+# (label, model factory, its trained weights (None: as built), what the release must end as, what decided it)
 RELEASES = [
-    ("v1: first release", "pipelines.samples.bert4rec:demo_v1", "promoted"),
-    ("v2: retrained", "pipelines.samples.bert4rec:demo_v2", "promoted"),
-    ("v3: deliberately slower", "pipelines.samples.bert4rec:demo_v3_slow", "rejected"),
-    ("v4: slow on long histories", "pipelines.samples.bert4rec:demo_v4_long_history", "reverted"),
+    ("v1: first release", "pipelines.samples.bert4rec:demo_v1", "seed0", "promoted", ""),
+    ("v2: retrained", "pipelines.samples.bert4rec:demo_v2", "seed1", "promoted", ""),
+    ("v3: deliberately slower", "pipelines.samples.bert4rec:demo_v3_slow", None, "rejected", "speed"),
+    ("v4: slow on long histories", "pipelines.samples.bert4rec:demo_v4_long_history", "seed1", "reverted", "canary"),
+    ("v5: retrained on a corrupted log", "pipelines.samples.bert4rec:demo_v2", "corrupted", "rejected", "quality"),
 ]
+TRAINED = {"seed0": (0, False), "seed1": (1, False), "corrupted": (1, True)}  # checkpoint -> (seed, corrupted)
+EVAL_ROWS = 4000
+QUALITY_SPEC = Path(bert4rec.HERE / "quality.yaml")
 # Rounds for the demo's traffic (30 requests/s a replica; production's rounds last a minute), and a latency limit
 # for rounds that short: 60 requests leave a round's mean latency ±15% off by itself here, where the benchmark's
 # 900 give ±5% (benchmarks/canary_quality.py). v4 is several times slower on live traffic.
@@ -51,10 +58,16 @@ def demo_parameters(
     model_source: str,
     signature: str = json.dumps(bert4rec.DYNAMIC_SIGNATURE),
     model_name: str = MODEL,
+    checkpoint: Path | None = None,
+    eval_data: str = "",
 ) -> dict[str, Any]:
-    """The pipeline's parameters for the embedded stack: CPU TorchScript served by Triton's PyTorch backend."""
+    """The pipeline's parameters for the embedded stack: CPU TorchScript served by Triton's PyTorch backend; with
+    `eval_data`, judged on it by the demo's quality spec too."""
     return {
         "model_source": model_source,
+        "checkpoint": str(checkpoint or ""),
+        "eval_data": eval_data,
+        "quality_spec": QUALITY_SPEC.read_text() if eval_data else "",
         "signature": signature,
         "model_name": model_name,
         "compile_target": "torchscript",
@@ -83,8 +96,18 @@ def summary_row(label: str, run: LocalRun) -> list[str]:
         f"{verdict.get('verdict', '-')} ({outcome})",
         f"{median['p99_ms']:.2f}" if median.get("p99_ms") else "-",
         f"{median['throughput']:,.0f}" if median.get("throughput") else "-",
+        _hit_rate(verdict.get("quality")),
         "; ".join(verdict.get("reasons", [])),
     ]
+
+
+def _hit_rate(quality: dict[str, Any] | None) -> str:
+    """The candidate's first metric on the whole set, with its change against stable."""
+    figures = next((m for m in (quality or {}).get("metrics", []) if not m.get("slice") and "candidate" in m), None)
+    if figures is None:
+        return "-"
+    change = f" ({figures['difference']:+.3f})" if figures.get("difference") is not None else ""
+    return f"{figures['candidate']:.3f}{change}"
 
 
 def print_table(console: Console, table: Table, rows: list[list[str]]) -> None:
@@ -129,10 +152,15 @@ def story_differences(
     """Where the releases did not end as the demo's story says (empty when they did). `backends`: each
     replica's served models and the backend each runs, as the server reports them."""
     problems = [f"{client_failures} live client requests failed"] if client_failures else []
+    problems += [
+        f"{label} was not decided by its {decider}: {_deciders(run)}"
+        for (label, _source, _weights, _expected, decider), run in zip(RELEASES, runs, strict=False)
+        if decider in ("speed", "quality") and _deciders(run) != {decider}
+    ]
     for replica, models in enumerate(backends or []):
         if "pytorch_libtorch/pytorch" not in models.values():
             problems.append(f"prod-{replica} serves no model with Triton's PyTorch backend: {models}")
-    for (label, _source, expected), run in zip(RELEASES, runs, strict=True):
+    for (label, _source, _weights, expected, _decider), run in zip(RELEASES, runs, strict=True):
         outcome = outcome_of(run)
         if outcome != expected:
             reasons = "; ".join((run.verdict or {}).get("reasons", [])) or "no verdict"
@@ -143,10 +171,38 @@ def story_differences(
     return problems
 
 
+def _deciders(run: LocalRun) -> set[str]:
+    """Which of the gate's two checks failed the release: speed, quality, both, or neither."""
+    verdict = run.verdict or {}
+    failed = {"speed"} if verdict.get("speed_verdict", verdict.get("verdict")) == "fail" else set()
+    return failed | ({"quality"} if (verdict.get("quality") or {}).get("decision") == "fail" else set())
+
+
+def train_and_upload(console: Console, stack: EmbeddedStack, workdir: Path) -> tuple[dict[str, Path], str]:
+    """The releases' trained weights, and the held-out sessions the quality check judges them on, in S3."""
+    from pipelines.samples.bert4rec import training
+
+    checkpoints = {}
+    for label, (seed, corrupted) in TRAINED.items():
+        took = time.monotonic()
+        model = training.train(seed, corrupted=corrupted)
+        checkpoints[label] = workdir / f"{label}.pt"
+        training.save_checkpoint(model, checkpoints[label])
+        console.print(
+            f"  trained {label} in {time.monotonic() - took:.0f} s: hit rate@10 "
+            f"{training.hit_rate_at_10(model, training.eval_set(1000, seed=7)):.3f} on held-out sessions",
+            highlight=False,
+        )
+    local = workdir / "eval-sessions.parquet"
+    training.write_eval(training.eval_set(EVAL_ROWS, seed=1000), local)
+    stack.s3.client().upload_file(str(local), stack.bucket, "eval/bert4rec-sessions.parquet")
+    return checkpoints, f"s3://{stack.bucket}/eval/bert4rec-sessions.parquet"
+
+
 def run_demo(console: Console, workdir: Path | None = None) -> int:
     workdir = workdir or Path(tempfile.mkdtemp(prefix="tritonship-demo-"))
-    table = Table(title=f"tritonship demo: four releases of '{MODEL}' (BERT4Rec on transformers)")
-    for column in ("release", "version", "verdict", "p99 ms", "infer/s", "reason"):
+    table = Table(title=f"tritonship demo: five releases of '{MODEL}' (BERT4Rec on transformers)")
+    for column in ("release", "version", "verdict", "p99 ms", "infer/s", "hit rate@10", "reason"):
         table.add_column(column)
     runs: list[LocalRun] = []
     rows: list[list[str]] = []
@@ -159,13 +215,18 @@ def run_demo(console: Console, workdir: Path | None = None) -> int:
             f"embedded stack up: S3 {stack.s3.endpoint_url}, production "
             f"{', '.join(s.http_url for s in stack.replicas)}, gate {stack.gate.http_url}"
         )
+        status.update("training the recommender on synthetic sessions (three models)")
+        checkpoints, eval_data = train_and_upload(console, stack, workdir)
         clients = LiveTraffic([s.http_url for s in stack.replicas], MODEL, cpus=stack.replica_cpus)
         with ExitStack() as live:
-            for label, source, _expected in RELEASES:
+            for label, source, weights, _expected, _decider in RELEASES:
                 status.update(
-                    f"releasing {label} (export, compile, publish, stage, tune, gate, canary, promote/reject)"
+                    f"releasing {label} (export, compile, publish, stage, quality, tune, gate, canary, promote/reject)"
                 )
-                run = run_local(demo_parameters(stack, source), workdir / "pipeline-runs", env=stack.env())
+                parameters = demo_parameters(
+                    stack, source, checkpoint=checkpoints.get(weights or ""), eval_data=eval_data
+                )
+                run = run_local(parameters, workdir / "pipeline-runs", env=stack.env())
                 runs.append(run)
                 rows.append(summary_row(label, run))
                 table.add_row(*rows[-1])

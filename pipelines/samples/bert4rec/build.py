@@ -29,10 +29,11 @@ def compiled_folder(
     tolerance: Tolerance | None = None,
     golden: dict[str, np.ndarray] | None = None,
     target: Target = "torchscript",
+    checkpoint: Path | None = None,
 ) -> Path:
     """The sample's `factory` (or any "module:function") through the export and compile steps (TorchScript
-    for Triton's PyTorch backend, or another `target`, on `device` at `precision`, checked at `tolerance`):
-    the model folder `out`, named as it."""
+    for Triton's PyTorch backend, or another `target`, on `device` at `precision`, checked at `tolerance`),
+    with the weights of a `checkpoint` (a state_dict) when one is given: the model folder `out`, named as it."""
     from components.model.compile import compile_model
     from components.model.export import export
 
@@ -46,6 +47,7 @@ def compiled_folder(
             work / "signature.json",
             work / "export",
             golden=work / "golden.npz" if golden is not None else None,
+            checkpoint=str(checkpoint) if checkpoint is not None else None,
         )
         compile_model(work / "export", out, out.name, target, precision, device, tolerance)
     return out

@@ -1,0 +1,217 @@
+"""The quality check on the real stack: the demo's BERT4Rec trained for real (pipelines/samples/bert4rec/training.py),
+candidate and stable served side by side by Triton's PyTorch backend on the gate, judged on labelled sessions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from components.errors import TritonshipError
+from components.release.gate import gate
+from components.release.promote import PromotionError, promote
+from components.release.publish import publish
+from components.release.quality import quality
+from components.release.quality_spec import QualitySpec
+from components.release.stage import stage
+from components.s3 import S3Settings
+from components.serving.triton_admin import TritonAdmin
+from pipelines.samples import bert4rec
+from pipelines.samples.bert4rec import training
+from pipelines.samples.bert4rec.build import compiled_folder
+from tests.release_helpers import TEST_GATE, install_stable, replicas, repository, unique
+
+REPO = Path(__file__).resolve().parents[1]
+ROWS = 3000
+HIT_RATE = {"metric": "hit_rate", "k": 10, "output": "topk_indices", "label": "next_item"}
+SPEC = QualitySpec.model_validate({"metrics": [HIT_RATE | {"floor": 0.2}], "slice": "segment"})
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict[str, Path]:
+    """Checkpoints of the demo model trained on the same data with seeds 0 and 1, and on a corrupted log; the
+    held-out eval set as Parquet and .npz."""
+    where = tmp_path_factory.mktemp("trained")
+    paths = {}
+    for label, seed, corrupted in (("seed0", 0, False), ("seed1", 1, False), ("corrupted", 1, True)):
+        training.save_checkpoint(training.train(seed, corrupted=corrupted), where / f"{label}.pt")
+        paths[label] = where / f"{label}.pt"
+    data = training.eval_set(ROWS, seed=1000)
+    for suffix in ("parquet", "npz"):
+        training.write_eval(data, where / f"eval.{suffix}")
+        paths[suffix] = where / f"eval.{suffix}"
+    return paths
+
+
+def _folder(tmp_path: Path, name: str, checkpoint: Path, sub: str) -> Path:
+    (tmp_path / sub).mkdir()
+    return compiled_folder("demo_v1", bert4rec.DYNAMIC_SIGNATURE, tmp_path / sub / name, checkpoint=checkpoint)
+
+
+def _staged(stack, folder: Path) -> int:
+    published = publish(folder, repository(stack), s3=stack.s3)
+    assert stage(
+        repository(stack), published.model, published.version, stack.gate.http_url, s3=stack.s3
+    ).accuracy_passed
+    return published.version
+
+
+def _check(stack, name: str, version: int, data: Path, spec: QualitySpec = SPEC):
+    return quality(repository(stack), name, version, stack.gate.http_url, str(data), spec, s3=stack.s3)
+
+
+@pytest.mark.slow
+def test_a_first_release_is_held_to_its_floor_then_equal_retrains_pass_and_a_degraded_one_fails(
+    tmp_path, stack, trained
+):
+    name = unique("q")
+    v1 = _staged(stack, _folder(tmp_path, name, trained["seed0"], "v1"))
+    first = _check(stack, name, v1, trained["parquet"])
+    assert first.decision == "pass" and first.stable_version is None, first.reasons
+    assert [e["name"] for e in first.effects] == ["hit_rate@10"]  # the floor alone: nothing to compare with
+    whole = next(m for m in first.metrics if m["slice"] == "")
+    assert whole["candidate"] > 0.3 > 10 / bert4rec.DEMO.items  # trained: far above chance
+    assert {m["slice"] for m in first.metrics} == {"", "head", "tail"}
+    too_high = QualitySpec.model_validate({"metrics": [HIT_RATE | {"floor": 0.99}]})
+    assert _check(stack, name, v1, trained["npz"], too_high).decision == "fail"
+    promote(repository(stack), name, v1, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3)
+
+    v2 = _staged(stack, _folder(tmp_path, name, trained["seed1"], "v2"))  # another seed, same data
+    equal = _check(stack, name, v2, trained["npz"])
+    assert equal.decision == "pass", equal.reasons
+    assert equal.stable_version == v1 and not TritonAdmin(stack.gate.http_url).is_ready(name)  # stable unloaded
+    same_from_parquet = _check(stack, name, v2, trained["parquet"])
+    assert same_from_parquet.metrics == equal.metrics  # the same rows in either format, the same figures
+    TritonAdmin(stack.gate.http_url).unload(f"{name}__candidate")
+
+    v3 = _staged(stack, _folder(tmp_path, name, trained["corrupted"], "v3"))  # as fast, as faithful, worse
+    degraded = _check(stack, name, v3, trained["parquet"])
+    assert degraded.decision == "fail", degraded.reasons
+    verdict = gate(
+        repository(stack),
+        name,
+        v3,
+        stack.gate.http_url,
+        TEST_GATE,
+        out_dir=tmp_path / "gate",
+        s3=stack.s3,
+        quality=degraded,
+    )
+    assert verdict.speed_verdict == "pass" and verdict.verdict == "fail", verdict.reasons
+    assert verdict.reasons[0].startswith("quality: hit_rate@10 change")
+    saved = json.loads((tmp_path / "gate" / "verdict.json").read_text())
+    assert saved["quality"]["decision"] == "fail" and saved["speed_verdict"] == "pass"
+    assert "## Quality: **FAIL**" in (tmp_path / "gate" / "report.md").read_text()
+    assert (tmp_path / "gate" / "quality.png").stat().st_size > 0
+    with pytest.raises(PromotionError, match="quality"):
+        promote(repository(stack), name, v3, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, quality="fail")
+    request = training.eval_set(1, seed=5)
+    inputs = {k: request[k] for k in ("item_ids", "mask_pos")}
+    assert [TritonAdmin(s.http_url).served_version(name, inputs, ["topk_indices"]) for s in stack.replicas] == [v1] * 2
+
+
+def _eval_file(tmp_path: Path, label: str, change) -> Path:
+    data = training.eval_set(200, seed=1000)
+    change(data)
+    path = tmp_path / f"{label}.parquet"
+    training.write_eval(data, path)
+    return path
+
+
+def raising_metric(outputs, labels):
+    raise ValueError("no such thing as a free recommendation")
+
+
+def test_bad_evaluation_data_or_metrics_are_one_sentence_and_leave_stable_serving(tmp_path, stack, trained):
+    """Each bad input: a plain error naming it, the candidate still staged, the stable version serving in production
+    and not left loaded on the gate; one of them through the CLI, which exits non-zero with that sentence."""
+    name = unique("qbad")
+    v1 = install_stable(stack, _folder(tmp_path, name, trained["seed0"], "v1"))
+    v2 = _staged(stack, _folder(tmp_path, name, trained["seed1"], "v2"))
+    empty = tmp_path / "empty.parquet"
+    training.write_eval({k: v[:0] for k, v in training.eval_set(2, seed=1).items()}, empty)
+    corrupt = tmp_path / "corrupt.parquet"
+    corrupt.write_bytes(trained["parquet"].read_bytes()[:300])
+    cases = {
+        "a missing column": (
+            _eval_file(tmp_path, "missing", lambda d: d.pop("next_item")),
+            SPEC,
+            "no column next_item",
+        ),
+        "an extra column": (_eval_file(tmp_path, "extra", lambda d: d.update(user=d["next_item"])), SPEC, "user"),
+        "a wrong dtype": (
+            _eval_file(tmp_path, "dtype", lambda d: d.update(item_ids=d["item_ids"].astype(np.int32))),
+            SPEC,
+            "holds int32",
+        ),
+        "a wrong shape": (
+            _eval_file(tmp_path, "shape", lambda d: d.update(item_ids=np.tile(d["item_ids"], 3))),
+            SPEC,
+            "outside the served range",
+        ),
+        "labels outside the output's range": (
+            _eval_file(tmp_path, "labels", lambda d: d.update(next_item=d["next_item"] + 1000)),
+            SPEC,
+            "outside [1, 501)",
+        ),
+        "no rows": (empty, SPEC, "no rows"),
+        "corrupt data": (corrupt, SPEC, "cannot be read as parquet"),
+        "a missing object": (f"s3://{stack.bucket}/eval/none.parquet", SPEC, "does not exist"),
+        "a metric on an output the model lacks": (
+            trained["parquet"],
+            QualitySpec.model_validate({"metrics": [HIT_RATE | {"output": "scores"}]}),
+            "does not have",
+        ),
+        "a user metric that raises": (
+            trained["parquet"],
+            QualitySpec.model_validate(
+                {
+                    "metrics": [
+                        {"metric": f"{__name__}:raising_metric", "outputs": ["topk_indices"], "higher_is_better": True}
+                    ]
+                }
+            ),
+            "raised ValueError: no such thing",
+        ),
+    }
+    for case, (data, spec, said) in cases.items():
+        with pytest.raises(TritonshipError, match=said) as caught:
+            _check(stack, name, v2, data, spec)
+        assert "\n" not in str(caught.value) and "Traceback" not in str(caught.value), case
+        _assert_stable_serving(stack, name, v1, v2)
+    unreachable = S3Settings(endpoint_url="http://127.0.0.1:9", max_attempts=1)
+    denied = S3Settings(stack.s3.endpoint_url, stack.s3.region, "AKIAIOSFODNN7EXAMPLE", "not-the-secret", 1)
+    stack.s3.client().upload_file(str(trained["parquet"]), stack.bucket, "eval/eval.parquet")
+    for s3, said in ((unreachable, "could not be reached"), (denied, "denied")):
+        with pytest.raises(TritonshipError, match=said):
+            quality(
+                repository(stack), name, v2, stack.gate.http_url, f"s3://{stack.bucket}/eval/eval.parquet", SPEC, s3=s3
+            )
+        _assert_stable_serving(stack, name, v1, v2)
+
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(SPEC.to_json())
+    cli = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "quality", "-r", repository(stack), "-m", name, "--version", str(v2),
+         "--gate", stack.gate.http_url, "--out", str(tmp_path / "out"), "--eval-data", str(cases["a wrong dtype"][0]),
+         "--quality-spec", str(spec_file)],
+        capture_output=True, text=True, env={**os.environ, **stack.env()}, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert cli.returncode == 2 and "holds int32, the signature says int64" in cli.stdout + cli.stderr, cli
+    assert "Traceback" not in cli.stdout + cli.stderr
+    _assert_stable_serving(stack, name, v1, v2)
+
+
+def _assert_stable_serving(stack, name: str, stable: int, candidate: int) -> None:
+    request = training.eval_set(1, seed=5)
+    inputs = {k: request[k] for k in ("item_ids", "mask_pos")}
+    assert [TritonAdmin(s.http_url).served_version(name, inputs, ["topk_indices"]) for s in stack.replicas] == [
+        stable
+    ] * len(stack.replicas)
+    gate_server = TritonAdmin(stack.gate.http_url)
+    assert gate_server.is_ready(f"{name}__candidate", candidate) and not gate_server.is_ready(name)
