@@ -41,7 +41,6 @@ RELEASES = [
 ]
 TRAINED = {"seed0": (0, False), "seed1": (1, False), "corrupted": (1, True)}  # checkpoint -> (seed, corrupted)
 EVAL_ROWS = 4000
-QUALITY_SPEC = Path(bert4rec.HERE / "quality.yaml")
 # Rounds for the demo's traffic (30 requests/s a replica; production's rounds last a minute), and a latency limit
 # for rounds that short: 60 requests leave a round's mean latency ±15% off by itself here, where the benchmark's
 # 900 give ±5% (benchmarks/canary_quality.py). v4 is several times slower on live traffic.
@@ -67,7 +66,7 @@ def demo_parameters(
         "model_source": model_source,
         "checkpoint": str(checkpoint or ""),
         "eval_data": eval_data,
-        "quality_spec": QUALITY_SPEC.read_text() if eval_data else "",
+        "quality_spec": bert4rec.QUALITY_SPEC_TEXT if eval_data else "",
         "signature": signature,
         "model_name": model_name,
         "compile_target": "torchscript",

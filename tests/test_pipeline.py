@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from components.serving.triton_admin import TritonAdmin
 from pipelines.demo import demo_parameters
 from pipelines.images import matrix
 from pipelines.kubeflow import COMPILED, compile_pipeline, parse_parameters, validate_cron
-from pipelines.local import run_local
+from pipelines.local import LocalRun, run_local
 from pipelines.sample_models import SAMPLE_SIGNATURE
 from tests.release_helpers import unique
 
@@ -145,20 +144,28 @@ def test_example_training_pipeline_releases_what_it_trained(tmp_path, stack, mon
 
     for key, value in stack.s3.env().items():
         monkeypatch.setenv(key, value)
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path))
+    from pipelines.samples.bert4rec import training
+
+    training.write_eval(training.eval_set(2000, seed=1000), tmp_path / "sessions.npz")
+    stack.s3.client().upload_file(str(tmp_path / "sessions.npz"), stack.bucket, "eval/sessions.npz")
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "runs"))
     name = unique("trained")
     train_and_release(
         repository=f"s3://{stack.bucket}",
         s3_endpoint=stack.s3.endpoint_url,
         replicas=",".join(s.http_url for s in stack.replicas),
         gate=stack.gate.http_url,
+        eval_data=f"s3://{stack.bucket}/eval/sessions.npz",
         model_name=name,
     )
-    run_dir = next(tmp_path.iterdir())
-    trained = json.loads((run_dir / "train-op" / "executor_output.json").read_text())
-    assert trained["artifacts"]["trained"]["artifacts"][0]["metadata"]["final_loss"] >= 0
+    run = LocalRun.read(next((tmp_path / "runs").iterdir()))
+    assert run.artifact("train-op", "trained")["metadata"]["hit_rate_at_10"] > 0.3  # trained: chance is 0.02
+    metrics = run.artifact("quality-op", "metrics")["metadata"]  # what the Kubeflow UI compares runs by
+    assert metrics["quality_passed"] == 1.0 and metrics["hit_rate_10_candidate"] > 0.3, metrics
+    assert "ndcg_10_candidate" in metrics and "hit_rate_10_difference" not in metrics  # a first release
+    assert run.verdict["quality"]["decision"] == "pass" and run.promoted
     events = [e["event"] for e in ModelRepository(f"s3://{stack.bucket}", stack.s3).history(name)]
-    assert events == ["published", "staged", "gate", "promoted"]
+    assert events == ["published", "staged", "quality", "gate", "promoted"]
 
 
 def _assert_no_secret_in_outputs(stack, run_root: Path, logs: list[str], model: str) -> None:

@@ -1,5 +1,7 @@
-"""Example: a user's training pipeline that ends by releasing what it trained, through tritonship's
-release steps as a sub-pipeline. Runs on Kubeflow and under the local runner:
+"""Example: a user's training pipeline that ends by releasing what it trained, through tritonship's release steps
+as a sub-pipeline. It trains the demo's BERT4Rec for real (synthetic sessions with structure, on the CPU) and the
+release is judged on held-out labelled sessions in S3 (`eval_data`) by the sample's quality spec as well as on
+speed. Runs on Kubeflow and under the local runner:
 
     .venv/bin/python -m pipelines.examples.train_and_release   # local, against the embedded stack
 """
@@ -10,37 +12,28 @@ from kfp.dsl import Model, Output
 from pipelines.images import image
 from pipelines.kfp_components import compile_op, export_trained_op, settings_op
 from pipelines.pipeline import release_steps
-from pipelines.sample_models import SAMPLE_SIGNATURE
+from pipelines.samples.bert4rec import DYNAMIC_SIGNATURE_JSON, QUALITY_SPEC_TEXT
 
 
 @dsl.component(base_image=image("tools"))
-def train_op(steps: int, seed: int, trained: Output[Model]):
-    """Fit the sample model to a synthetic teacher for a few steps; save its state_dict."""
-    import torch
+def train_op(seed: int, steps: int, trained: Output[Model]):
+    """Train the sample recommender on synthetic sessions; save its state_dict with its hit rate@10."""
+    from pipelines.samples.bert4rec import training
 
-    from pipelines.sample_models import sample_v1
-
-    torch.manual_seed(seed)
-    model, teacher = sample_v1().train(), torch.nn.Linear(32, 8)
-    optimiser = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(steps):
-        x = torch.randn(64, 32)
-        loss = torch.nn.functional.mse_loss(model(x), teacher(x).detach())
-        optimiser.zero_grad()
-        loss.backward()
-        optimiser.step()
-    torch.save(model.state_dict(), trained.path)
-    trained.metadata["final_loss"] = float(loss)
+    model = training.train(seed, steps)
+    training.save_checkpoint(model, trained.path)
+    trained.metadata["hit_rate_at_10"] = training.hit_rate_at_10(model, training.eval_set(1000, seed=7))
 
 
-@dsl.pipeline(name="train-and-release", description="Train the sample model, then release it with tritonship.")
+@dsl.pipeline(name="train-and-release", description="Train the recommender, then release it with tritonship.")
 def train_and_release(
     repository: str,
     s3_endpoint: str,
     replicas: str,
     gate: str,
-    model_name: str = "trained-sample",
-    steps: int = 50,
+    eval_data: str,
+    model_name: str = "trained-bert4rec",
+    steps: int = 1500,  # training.DEFAULT_STEPS
     seed: int = 0,
     aws_secret_name: str = "tritonship-s3",
     admin_secret_name: str = "tritonship-triton-admin",
@@ -54,13 +47,15 @@ def train_and_release(
             "compile_device": "cpu",
             "tune": False,
             "max_p99_ms": max_p99_ms,
+            "eval_data": eval_data,
+            "quality_spec": QUALITY_SPEC_TEXT,
         }
     )
-    trained = train_op(steps=steps, seed=seed)
+    trained = train_op(seed=seed, steps=steps)
     exported = export_trained_op(
         trained=trained.outputs["trained"],
-        model_factory="pipelines.sample_models:sample_v1",
-        signature=SAMPLE_SIGNATURE,
+        model_factory="pipelines.samples.bert4rec:demo_v1",
+        signature=DYNAMIC_SIGNATURE_JSON,
         settings=checked.output,
     )
     compiled = compile_op(exported=exported.outputs["exported"], model_name=model_name, settings=checked.output)
@@ -78,21 +73,25 @@ def train_and_release(
 
 
 if __name__ == "__main__":
+    import os
     import tempfile
     from pathlib import Path
 
     from kfp import local
 
+    from pipelines.samples.bert4rec import training
     from pipelines.stack import EmbeddedStack
 
     with EmbeddedStack(replicas=2, gate=True) as stack:
-        import os
-
         os.environ.update(stack.env())
-        local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(Path(tempfile.mkdtemp())))
+        work = Path(tempfile.mkdtemp())
+        training.write_eval(training.eval_set(4000, seed=1000), work / "sessions.parquet")
+        stack.s3.client().upload_file(str(work / "sessions.parquet"), stack.bucket, "eval/sessions.parquet")
+        local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(work))
         train_and_release(
             repository=f"s3://{stack.bucket}",
             s3_endpoint=stack.s3.endpoint_url,
             replicas=",".join(s.http_url for s in stack.replicas),
             gate=stack.gate.http_url,
+            eval_data=f"s3://{stack.bucket}/eval/sessions.parquet",
         )
