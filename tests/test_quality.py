@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from components.errors import TritonshipError
 from components.release.gate import gate
-from components.release.promote import PromotionError, promote
+from components.release.promote import PromotionError, promote, reject
 from components.release.publish import publish
 from components.release.quality import quality
 from components.release.quality_spec import QualitySpec
@@ -29,7 +30,7 @@ from tests.release_helpers import TEST_GATE, install_stable, replicas, repositor
 REPO = Path(__file__).resolve().parents[1]
 ROWS = 3000
 HIT_RATE = {"metric": "hit_rate", "k": 10, "output": "topk_indices", "label": "next_item"}
-SPEC = QualitySpec.model_validate({"metrics": [HIT_RATE | {"floor": 0.2}], "slice": "segment"})
+SPEC = QualitySpec.model_validate({"metrics": [HIT_RATE | {"floor": 0.2, "max_drop_pct": 2}], "slice": "segment"})
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def test_a_first_release_is_held_to_its_floor_then_equal_retrains_pass_and_a_deg
     whole = next(m for m in first.metrics if m["slice"] == "")
     assert whole["candidate"] > 0.3 > 10 / bert4rec.DEMO.items  # trained: far above chance
     assert {m["slice"] for m in first.metrics} == {"", "head", "tail"}
-    too_high = QualitySpec.model_validate({"metrics": [HIT_RATE | {"floor": 0.99}]})
+    too_high = QualitySpec.model_validate({"metrics": [HIT_RATE | {"floor": 0.99}], "slice": "segment"})
     assert _check(stack, name, v1, trained["npz"], too_high).decision == "fail"
     promote(repository(stack), name, v1, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3)
 
@@ -87,7 +88,15 @@ def test_a_first_release_is_held_to_its_floor_then_equal_retrains_pass_and_a_deg
     assert equal.stable_version == v1 and not TritonAdmin(stack.gate.http_url).is_ready(name)  # stable unloaded
     same_from_parquet = _check(stack, name, v2, trained["parquet"])
     assert same_from_parquet.metrics == equal.metrics  # the same rows in either format, the same figures
-    TritonAdmin(stack.gate.http_url).unload(f"{name}__candidate")
+    reject(
+        repository(stack),
+        name,
+        v2,
+        "pass",
+        ["only the quality check was the subject"],
+        stack.gate.http_url,
+        s3=stack.s3,
+    )
 
     v3 = _staged(stack, _folder(tmp_path, name, trained["corrupted"], "v3"))  # as fast, as faithful, worse
     degraded = _check(stack, name, v3, trained["parquet"])
@@ -103,7 +112,7 @@ def test_a_first_release_is_held_to_its_floor_then_equal_retrains_pass_and_a_deg
         quality=degraded,
     )
     assert verdict.speed_verdict == "pass" and verdict.verdict == "fail", verdict.reasons
-    assert verdict.reasons[0].startswith("quality: hit_rate@10 change")
+    assert any(r.startswith("quality: hit_rate@10 change") and r.endswith("beyond") for r in verdict.reasons)
     saved = json.loads((tmp_path / "gate" / "verdict.json").read_text())
     assert saved["quality"]["decision"] == "fail" and saved["speed_verdict"] == "pass"
     assert "## Quality: **FAIL**" in (tmp_path / "gate" / "report.md").read_text()
@@ -164,7 +173,7 @@ def test_bad_evaluation_data_or_metrics_are_one_sentence_and_leave_stable_servin
         "a missing object": (f"s3://{stack.bucket}/eval/none.parquet", SPEC, "does not exist"),
         "a metric on an output the model lacks": (
             trained["parquet"],
-            QualitySpec.model_validate({"metrics": [HIT_RATE | {"output": "scores"}]}),
+            QualitySpec.model_validate({"metrics": [HIT_RATE | {"output": "scores"}], "slice": "segment"}),
             "does not have",
         ),
         "a user metric that raises": (
@@ -172,19 +181,27 @@ def test_bad_evaluation_data_or_metrics_are_one_sentence_and_leave_stable_servin
             QualitySpec.model_validate(
                 {
                     "metrics": [
-                        {"metric": f"{__name__}:raising_metric", "outputs": ["topk_indices"], "higher_is_better": True}
-                    ]
+                        {
+                            "metric": f"{__name__}:raising_metric",
+                            "outputs": ["topk_indices"],
+                            "labels": ["next_item"],
+                            "higher_is_better": True,
+                        }
+                    ],
+                    "slice": "segment",
                 }
             ),
             "raised ValueError: no such thing",
         ),
     }
     for case, (data, spec, said) in cases.items():
-        with pytest.raises(TritonshipError, match=said) as caught:
+        with pytest.raises(TritonshipError, match=re.escape(said)) as caught:
             _check(stack, name, v2, data, spec)
         assert "\n" not in str(caught.value) and "Traceback" not in str(caught.value), case
         _assert_stable_serving(stack, name, v1, v2)
-    unreachable = S3Settings(endpoint_url="http://127.0.0.1:9", max_attempts=1)
+    unreachable = S3Settings(
+        "http://127.0.0.1:9", stack.s3.region, stack.s3.access_key_id, stack.s3.secret_access_key, 1
+    )
     denied = S3Settings(stack.s3.endpoint_url, stack.s3.region, "AKIAIOSFODNN7EXAMPLE", "not-the-secret", 1)
     stack.s3.client().upload_file(str(trained["parquet"]), stack.bucket, "eval/eval.parquet")
     for s3, said in ((unreachable, "could not be reached"), (denied, "denied")):

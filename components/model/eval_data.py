@@ -106,6 +106,8 @@ class EvalData:
 
     def check_columns(self, signature: Signature, labels: list[str], slice_column: str) -> None:
         """Exactly the inputs, the labels and the slice column; each input of the signature's dtype; some rows."""
+        if self.rows == 0:
+            raise EvalDataError(f"the evaluation data {self.source} has no rows; give it labelled rows.")
         inputs = [s.name for s in signature.inputs]
         wanted = inputs + labels + ([slice_column] if slice_column else [])
         missing = [c for c in wanted if c not in self.columns]
@@ -128,8 +130,6 @@ class EvalData:
                     f"the evaluation data's column '{spec.name}' holds {self._dtypes[spec.name]}, the signature says "
                     f"{spec.dtype}; write the column as {spec.dtype}."
                 )
-        if self.rows == 0:
-            raise EvalDataError(f"the evaluation data {self.source} has no rows; give it labelled rows.")
 
     def chunks(self, rows: int, columns: list[str]) -> Iterator[Chunk]:
         """The named columns, `rows` rows at a time."""

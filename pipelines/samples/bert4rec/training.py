@@ -162,7 +162,7 @@ def save_checkpoint(model: BERT4Rec, path: Path | str, window: int = 1) -> None:
 
 
 def write_eval(data: dict[str, np.ndarray], path: Path | str) -> None:
-    """An eval set as Parquet (item_ids and mask_pos as list<int64> columns) or, for a .npz path, npz."""
+    """An eval set as Parquet (item_ids and mask_pos as fixed-size list<int64> columns) or, for a .npz path, npz."""
     path = Path(path)
     if path.suffix == ".npz":
         np.savez(path, **data)
@@ -170,7 +170,10 @@ def write_eval(data: dict[str, np.ndarray], path: Path | str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns = {k: pa.array(list(v)) if v.ndim == 2 else pa.array(v) for k, v in data.items()}
+    columns = {
+        k: pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1]) if v.ndim == 2 else pa.array(v)
+        for k, v in data.items()
+    }
     pq.write_table(pa.table(columns), path)
 
 
