@@ -240,12 +240,14 @@ def quality_op(
 
 
 @dsl.component(base_image=image("tools"))
-def settings_op(flat: dict) -> dict:
+def settings_op(flat: dict, quality_spec: str = "") -> dict:
     """Every step's settings from the pipeline's parameters, checked before anything runs: a wrong one fails
-    here, not after the GPU compile. Returns each step's flat settings by step (export, compile, load, tune, gate)."""
+    here, not after the GPU compile. Returns each step's flat settings by step (export, compile, load, tune,
+    quality, gate). The quality spec comes apart from `flat`: KFP's local runner writes a pipeline parameter into
+    a dict unescaped, so a spec's quotes or line breaks would break the task's input."""
     from components.release.step_settings import pipeline_settings
 
-    return pipeline_settings(flat)
+    return pipeline_settings({**flat, **({"quality_spec": quality_spec} if quality_spec else {})})
 
 
 @dsl.component(base_image=image("gate"))

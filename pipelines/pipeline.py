@@ -258,7 +258,7 @@ def release_pipeline(
     canary_on_inconclusive: str = STEP["canary_on_inconclusive"].default,
 ):
     given = locals()  # the steps' settings travel as one dict, checked before anything runs
-    checked = settings_op(flat={name: given[name] for name in STEP})
+    checked = settings_op(flat={n: given[n] for n in STEP if n != "quality_spec"}, quality_spec=quality_spec)
     exported = _with_s3_secret(
         export_op(model_source=model_source, checkpoint=checkpoint, signature=signature, settings=checked.output),
         aws_secret_name,

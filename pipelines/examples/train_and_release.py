@@ -48,8 +48,8 @@ def train_and_release(
             "tune": False,
             "max_p99_ms": max_p99_ms,
             "eval_data": eval_data,
-            "quality_spec": QUALITY_SPEC_TEXT,
-        }
+        },
+        quality_spec=QUALITY_SPEC_TEXT,
     )
     trained = train_op(seed=seed, steps=steps)
     exported = export_trained_op(
