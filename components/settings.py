@@ -8,7 +8,7 @@ every form (None is off too, from Python)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 Design = Literal["duet", "alternating"]
 DESIGNS: tuple[Design, ...] = ("duet", "alternating")
@@ -112,6 +112,17 @@ def typed_flat(table: dict[str, Parameter], flat: dict[str, Any], what: str) -> 
         except ValueError:
             raise ValueError(f"invalid {what} settings: {name} must be a {kind.__name__}, not {value!r}") from None
     return values
+
+
+class FlatSettings:
+    """from_flat for a settings type whose fields are its table's names."""
+
+    PARAMETERS: ClassVar[dict[str, Parameter]]
+    WHAT: ClassVar[str]
+
+    @classmethod
+    def from_flat(cls, **flat: Any) -> Any:
+        return cls(**typed_flat(cls.PARAMETERS, flat, cls.WHAT))
 
 
 GATE_PARAMETERS: dict[str, Parameter] = {

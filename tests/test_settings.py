@@ -19,11 +19,11 @@ from components.release.step_settings import (
     CompileSettings,
     ExportSettings,
     ModelLoadSettings,
-    RepoGcSettings,
     TuneSettings,
     pipeline_parameters,
     pipeline_settings,
 )
+from components.repository.maintenance_settings import RepoGcSettings
 from components.settings import GateSettings, Thresholds
 from pipelines.cli import app
 

@@ -10,4 +10,5 @@ model folder (config, golden samples, ensembles). Imports only the ground floor.
     model_config    Triton's config.pbtxt: building, parsing, serving settings
     model_folder    a Triton model folder on disk: config, version, golden samples, checks
     ensemble        ensembles of Python steps and compiled models, as one release
+    eval_data       a labelled evaluation set, read in chunks and checked against a signature
 """

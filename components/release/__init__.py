@@ -4,7 +4,9 @@ serving, repository and model rooms and the ground floor.
     publish          an immutable version in the S3 repository, manifest written last
     stage            the candidate loaded dark on the gate, its accuracy checked
     tune             serving settings searched on the gate
+    quality          the candidate against stable on labelled data (quality_spec, quality_metrics, quality_report)
     gate             the candidate measured against stable, verdict and report (gate_stats, gate_report)
+    effect_plot      each limit's interval plotted against the limit, for the gate's, canary's and quality's reports
     promote          every replica switched (first the canary: canary, canary_settings, canary_report), or reverted
     reconcile        replicas brought back to the desired state in S3
     results          every step's result type

@@ -149,7 +149,9 @@ class QualitySpec(BaseModel):
         except yaml.YAMLError as exc:
             raise QualitySpecError(f"{source} is not valid YAML/JSON: {str(exc).splitlines()[0]}.") from None
         if not isinstance(data, dict):
-            raise QualitySpecError(f"{source} must be a mapping with metrics: [...] (README, Quality on labelled data).")
+            raise QualitySpecError(
+                f"{source} must be a mapping with metrics: [...] (README, Quality on labelled data)."
+            )
         try:
             return cls.model_validate(data)
         except ValidationError as exc:

@@ -12,8 +12,13 @@ from typing import Any, ClassVar, get_args
 
 from components.release.canary_settings import CANARY_PARAMETERS, CanarySettings
 from components.release.quality_spec import QUALITY_PARAMETERS, QualitySettings
+from components.repository.maintenance_settings import (
+    LEASE_RELEASE_PARAMETERS,
+    REPO_GC_PARAMETERS,
+    LeaseReleaseSettings,
+    RepoGcSettings,
+)
 from components.settings import (
-    DEFAULT_CLEANUP_GRACE_S,
     DEFAULT_COMPILE_DEVICE,
     DEFAULT_CONCURRENCY,
     DEFAULT_EXPORT_METHOD,
@@ -35,6 +40,7 @@ from components.settings import (
     SERVING_TORCH,
     TARGETS,
     ExportMethod,
+    FlatSettings,
     GateSettings,
     LoadSettings,
     Parameter,
@@ -46,17 +52,6 @@ from components.settings import (
 
 EXPORT_METHODS: tuple[str, ...] = get_args(ExportMethod)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
-
-
-class _Flat:
-    """from_flat for a settings type whose fields are its table's names."""
-
-    PARAMETERS: ClassVar[dict[str, Parameter]]
-    WHAT: ClassVar[str]
-
-    @classmethod
-    def from_flat(cls, **flat: Any) -> Any:
-        return cls(**typed_flat(cls.PARAMETERS, flat, cls.WHAT))
 
 
 EXPORT_PARAMETERS = {
@@ -72,7 +67,7 @@ EXPORT_PARAMETERS = {
 
 
 @dataclass(frozen=True)
-class ExportSettings(_Flat):
+class ExportSettings(FlatSettings):
     PARAMETERS: ClassVar = EXPORT_PARAMETERS
     WHAT: ClassVar = "export"
     golden_samples: int = DEFAULT_GOLDEN_SAMPLES
@@ -98,7 +93,7 @@ PUBLISH_PARAMETERS = {
 
 
 @dataclass(frozen=True)
-class PublishSettings(_Flat):
+class PublishSettings(FlatSettings):
     """publish's: the serving image's torch, which a torch_aoti package must have been compiled with."""
 
     PARAMETERS: ClassVar = PUBLISH_PARAMETERS
@@ -131,7 +126,7 @@ COMPILE_PARAMETERS = {
 
 
 @dataclass(frozen=True)
-class CompileSettings(_Flat):
+class CompileSettings(FlatSettings):
     PARAMETERS: ClassVar = COMPILE_PARAMETERS
     WHAT: ClassVar = "compile"
     target: Target = DEFAULT_TARGET
@@ -181,7 +176,7 @@ LOAD_PARAMETERS = {
 
 
 @dataclass(frozen=True)
-class ModelLoadSettings(_Flat):
+class ModelLoadSettings(FlatSettings):
     """stage's and promote's: how long a server may take to load the candidate."""
 
     PARAMETERS: ClassVar = LOAD_PARAMETERS
@@ -321,45 +316,6 @@ class TuneSettings:
             intra_op_thread_counts=_counts(values["intra_op_threads"], "intra_op_threads"),
             enabled=values["enabled"],
         )
-
-
-REPO_GC_PARAMETERS = {
-    "grace": Parameter(
-        DEFAULT_CLEANUP_GRACE_S, "seconds an incomplete version is left alone (a publish may be running)", None
-    ),
-    "keep": Parameter(0, "also retire sealed versions beyond the newest KEEP (never a served one); 0 keeps all", None),
-    "dry_run": Parameter(False, "only list what would be removed", None),
-}
-
-
-@dataclass(frozen=True)
-class RepoGcSettings(_Flat):
-    PARAMETERS: ClassVar = REPO_GC_PARAMETERS
-    WHAT: ClassVar = "repo gc"
-    grace: float = DEFAULT_CLEANUP_GRACE_S
-    keep: int = 0
-    dry_run: bool = False
-
-    def __post_init__(self) -> None:
-        refuse_invalid(
-            "repo gc",
-            [
-                f"grace must not be negative, not {self.grace}" if self.grace < 0 else "",
-                f"keep must not be negative, not {self.keep}" if self.keep < 0 else "",
-            ],
-        )
-
-
-LEASE_RELEASE_PARAMETERS = {
-    "force": Parameter(False, "also while the lease has not expired (its run may still be alive)", None)
-}
-
-
-@dataclass(frozen=True)
-class LeaseReleaseSettings(_Flat):
-    PARAMETERS: ClassVar = LEASE_RELEASE_PARAMETERS
-    WHAT: ClassVar = "lease release"
-    force: bool = False
 
 
 # Every step's table and settings type by its `tritonship` command (reject has none: see the docstring), and the

@@ -7,9 +7,9 @@ from typing import Annotated, Any
 
 import typer
 
-from components.release.step_settings import LEASE_RELEASE_PARAMETERS as LEASE_RELEASE
-from components.release.step_settings import REPO_GC_PARAMETERS as GC
-from components.release.step_settings import LeaseReleaseSettings, RepoGcSettings
+from components.repository.maintenance_settings import LEASE_RELEASE_PARAMETERS as LEASE_RELEASE
+from components.repository.maintenance_settings import REPO_GC_PARAMETERS as GC
+from components.repository.maintenance_settings import LeaseReleaseSettings, RepoGcSettings
 from pipelines.cli.common import (
     EndpointOption,
     ModelOption,
