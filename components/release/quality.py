@@ -21,6 +21,7 @@ touched: nothing is recorded as a verdict, and the pipeline's run fails.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -156,7 +157,11 @@ def measure(
 
     columns = [s.name for s in candidate.signature.inputs] + spec.label_columns + ([spec.slice] if spec.slice else [])
     done = 0
-    with ThreadPoolExecutor(max_workers=DEFAULT_QUALITY_REQUESTS_IN_FLIGHT * len(targets)) as pool:
+    with (
+        contextlib.ExitStack() as closing,
+        ThreadPoolExecutor(max_workers=DEFAULT_QUALITY_REQUESTS_IN_FLIGHT * len(targets)) as pool,
+    ):
+        closing.callback(lambda: [client.close() for client in clients])
         for chunk in data.chunks(chunk_rows, columns):
             requests = list(batches(chunk, candidate.signature, candidate.config.max_batch_size))
             answers = [[pool.submit(infer, t, b.inputs) for b in requests] for t in targets]
@@ -175,8 +180,6 @@ def measure(
             done += chunk.rows
             if progress:
                 progress(done, data.rows)
-    for client in clients:
-        client.close()
     return values, (np.concatenate(slices) if slices else None)  # type: ignore[return-value]
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 from components.release.effect_plot import embedded_image, plot
 from components.release.gate_stats import Effect
@@ -80,8 +79,8 @@ def html_section(result: QualityResult, image: str) -> str:
     )
 
 
-def write(result: QualityResult, out_dir: Path) -> dict[str, Any]:
-    """quality.json, quality.md, quality.html and the plot in `out_dir`; the paths written."""
+def write(result: QualityResult, out_dir: Path) -> None:
+    """quality.json, quality.md, quality.html and the plot in `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     png = out_dir / PLOT_FILE
     has_plot = plot(effects(result), f"{result.model} v{result.version}: quality {result.decision}", png)
@@ -91,4 +90,3 @@ def write(result: QualityResult, out_dir: Path) -> dict[str, Any]:
     (out_dir / "quality.html").write_text(
         f"<!doctype html><html><head><meta charset='utf-8'><title>quality report</title></head><body>{page}</body></html>"
     )
-    return {"json": out_dir / "quality.json", "markdown": out_dir / "quality.md", "html": out_dir / "quality.html"}
