@@ -10,6 +10,6 @@ COPY pipelines ./pipelines
 COPY images/versions.yaml ./images/versions.yaml
 RUN pip install --no-deps . \
  && pip install "boto3>=1.35" "tritonclient[grpc]>=2.51" "protobuf>=4.25" "pyyaml>=6" "typer>=0.12" "rich>=13" \
-        "requests>=2.31" "kfp>=2.17,<2.18" "kfp-kubernetes>=2.17,<2.18" \
+        "requests>=2.31" "kfp>=2.17,<2.18" "kfp-kubernetes>=2.17,<2.18" "pydantic>=2.7" \
  && useradd --create-home --uid 10001 tritonship
 USER 10001
