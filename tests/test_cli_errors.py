@@ -138,6 +138,12 @@ CASES = [
         [*GATE_ARGS, "--min-rounds", "2"],
         "--min-rounds must be at least 5",
     ),
+    (
+        ["quality"],
+        [*GATE_ARGS, "--eval-data", "{missing}", "--quality-spec", "{not_verdict}"],
+        "metrics: Field required",
+    ),
+    (["quality"], [*GATE_ARGS, "--eval-data", "{missing}"], "--eval-data is given without --quality-spec"),
     (["promote"], ["-r", "{repo}", "--verdict", "{missing}", "--replicas", "{closed}"], "does not exist"),
     (["promote"], ["-r", "{repo}", "--verdict", "{dir}", "--replicas", "{closed}"], "is a directory"),
     (["promote"], ["-r", "{repo}", "--verdict", "{not_verdict}", "--replicas", "{closed}"], "not a verdict"),
