@@ -34,8 +34,11 @@ def plot(effects: list[Effect], title: str, path: Path) -> bool:
         ax.set_yticks([])
         unit = "%" if effect.unit == "%" else f" {effect.unit}".rstrip()
         spec = {"%": "+.1f", "": ".4f"}.get(effect.unit, ",.2f")
+        # a relative limit is signed; an absolute one says which side is good
+        bound, limit_spec = ("", "+g") if effect.unit == "%" else ("≤ " if effect.higher_is_worse else "≥ ", "g")
         ax.set_title(
-            f"{effect.name}: {est:{spec}}{unit} [{low:{spec}}, {high:{spec}}], limit {limit:+g}{unit} — {effect.status}",
+            f"{effect.name}: {est:{spec}}{unit} [{low:{spec}}, {high:{spec}}], limit {bound}{limit:{limit_spec}}{unit} "
+            f"— {effect.status}",
             fontsize=9,
         )
     fig.suptitle(title, fontsize=10)
