@@ -31,7 +31,7 @@ COMPUTE_PARTS = ("compute_input", "compute_infer", "compute_output")
 SERVED = Tolerance(atol=1e-4, rtol=1e-4, int_mismatch=0.0)
 AOTI_MODELS = {
     "cnn": MODELS["cnn"],
-    "bert4rec": ("pipelines.samples.bert4rec:demo_v2", bert4rec.DYNAMIC_SIGNATURE),
+    "bert4rec": ("pipelines.samples.bert4rec:bert4rec_v2", bert4rec.DYNAMIC_SIGNATURE),
 }
 
 

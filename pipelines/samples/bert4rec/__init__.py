@@ -196,7 +196,9 @@ class LongHistoryCost(nn.Module):
     beyond the first LONG_HISTORY, whose cost grows with that length cubed and which adds exactly zero: the same
     answers. At LONG_HISTORY positions or fewer (the gate's 8) every extra tensor is empty: no extra work at all,
     whatever the window. The demo's releases all carry it (window 1: next to nothing); v4's window of 20 costs
-    about as much as the model's own call at 32-40 positions."""
+    about as much as the model's own call at 32-40 positions. torch.export refuses the cut at LONG_HISTORY within a
+    length range that spans it, so these wrapped models export through TorchScript's trace (which keeps the cut
+    for every length) and compile to TorchScript, not to an AOTInductor package; BERT4Rec itself exports both ways."""
 
     def __init__(self, model: BERT4Rec, window: int = 1) -> None:
         super().__init__()
