@@ -222,7 +222,7 @@ def _check_rows(spec: TensorSpec, group: dict[str, np.ndarray], signature: Signa
     if len(got) != len(expected):
         raise EvalDataError(
             f"row {first} of the evaluation data: '{spec.name}' has shape {list(got)} a row, the signature says "
-            f"{signature.to_dict()['inputs'][signature.inputs.index(spec)]['shape'][1:]} (rank {len(expected)})."
+            f"{spec.to_dict()['shape'][1:]} (rank {len(expected)})."
         )
     offset = 1 if signature.batch else 0
     for i, (have, want) in enumerate(zip(got, expected, strict=True)):
