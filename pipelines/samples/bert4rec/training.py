@@ -32,7 +32,10 @@ NOISE = 1.0 - sum(SUCCESSOR_P)  # the chance of a jump to any item, drawn by pop
 MIN_LENGTH = DYNAMIC_SIGNATURE["dims"]["length"]["min"]  # the shortest sequence served (mask included)
 ZIPF_OFFSET = 10.0  # an item's popularity is 1 / (rank + ZIPF_OFFSET) over a seeded order
 HEAD_SHARE = 0.2  # eval_set's "head": sessions whose last item is among the 20% most visited items
-DEFAULT_STEPS = 1500  # 17-22 s with 2 threads on a 2-core CPU; hit rate@10 about 0.88 at length 20
+DEFAULT_STEPS = 1500  # about 20 s on one core; hit rate@10 about 0.88 at length 20
+# One thread: at these small matmuls a second one gains nothing (5.1 s against 5.3 s for 150 steps here), and
+# beside a CPU-bound process two spinning OpenMP threads took 2.8 times as long (14.7 s against 5.5 s).
+TRAINING_THREADS = 1
 BATCH = 64
 LEARNING_RATE = 1e-3
 
@@ -111,6 +114,15 @@ def train(seed: int, steps: int = DEFAULT_STEPS, corrupted: bool = False, size: 
     """`BERT4Rec(size, seed=seed)` trained for `steps` batches of `BATCH` fresh sessions (seeded by `seed`,
     `corrupted` or not) to predict a session's last item from the items before it; in eval mode. Dropout
     stays off (the model trains in eval mode): every batch is new data, nothing to regularise."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(TRAINING_THREADS)
+    try:
+        return _trained(seed, steps, corrupted, size)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _trained(seed: int, steps: int, corrupted: bool, size: Size) -> BERT4Rec:
     torch.manual_seed(seed)
     model = _rescaled(BERT4Rec(size, seed=seed).eval())
     sessions = synthetic_sessions(steps * BATCH, seed, size, corrupted=corrupted)
