@@ -1,8 +1,11 @@
 # The compile step: export and compile (Torch-TensorRT / TorchScript) on a GPU node.
 # torch, torch_tensorrt and TensorRT come from NVIDIA's image and must not be replaced by pip.
-FROM nvcr.io/nvidia/pytorch:26.10-py3
+# BASE comes from images/versions.yaml (make images); the default is checked against it.
+ARG BASE=nvcr.io/nvidia/pytorch:26.10-py3
+FROM ${BASE}
+ARG IMAGE=ghcr.io/tritonship/compile:0.1.0-26.10
 ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    TRITONSHIP_IMAGE=ghcr.io/tritonship/compile:0.1.0-26.10
+    TRITONSHIP_IMAGE=${IMAGE}
 WORKDIR /opt/tritonship
 COPY pyproject.toml README.md ./
 COPY components ./components

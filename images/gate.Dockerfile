@@ -1,8 +1,11 @@
 # The gate step: Triton's SDK image has perf_analyzer of the same release as the servers on the PATH.
 # The gate, quality, stage, publish and promote steps import no torch.
-FROM nvcr.io/nvidia/tritonserver:26.10-py3-sdk
+# BASE comes from images/versions.yaml (make images); the default is checked against it.
+ARG BASE=nvcr.io/nvidia/tritonserver:26.10-py3-sdk
+FROM ${BASE}
+ARG IMAGE=ghcr.io/tritonship/gate:0.1.0-26.10
 ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    TRITONSHIP_IMAGE=ghcr.io/tritonship/gate:0.1.0-26.10
+    TRITONSHIP_IMAGE=${IMAGE}
 WORKDIR /opt/tritonship
 COPY pyproject.toml README.md ./
 COPY components ./components

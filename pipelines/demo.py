@@ -59,14 +59,14 @@ def demo_parameters(
     model_source: str,
     signature: str = json.dumps(bert4rec.DYNAMIC_SIGNATURE),
     model_name: str = MODEL,
-    checkpoint: Path | None = None,
+    checkpoint: str = "",
     eval_data: str = "",
 ) -> dict[str, Any]:
     """The pipeline's parameters for the embedded stack: CPU TorchScript served by Triton's PyTorch backend; with
     `eval_data`, judged on it by the demo's quality spec too."""
     return {
         "model_source": model_source,
-        "checkpoint": str(checkpoint or ""),
+        "checkpoint": checkpoint,
         "eval_data": eval_data,
         "quality_spec": bert4rec.QUALITY_SPEC_TEXT if eval_data else "",
         "signature": signature,
@@ -180,16 +180,18 @@ def _deciders(run: LocalRun) -> set[str]:
     return failed | ({"quality"} if (verdict.get("quality") or {}).get("decision") == "fail" else set())
 
 
-def train_and_upload(console: Console, stack: EmbeddedStack, workdir: Path) -> tuple[dict[str, Path], str]:
-    """The releases' trained weights, and the held-out sessions the quality check judges them on, in S3."""
+def train_and_upload(console: Console, stack: EmbeddedStack, workdir: Path) -> tuple[dict[str, str], str]:
+    """The releases' trained weights and the held-out sessions the quality check judges them on, as S3 URIs (which
+    a task reads alike in this process and in a container)."""
     from pipelines.samples.bert4rec import training
 
     checkpoints = {}
     for label, (seed, corrupted) in TRAINED.items():
         took = time.monotonic()
         model = training.train(seed, corrupted=corrupted)
-        checkpoints[label] = workdir / f"{label}.pt"
-        training.save_checkpoint(model, checkpoints[label])
+        training.save_checkpoint(model, workdir / f"{label}.pt")
+        stack.s3.client().upload_file(str(workdir / f"{label}.pt"), stack.bucket, f"checkpoints/{label}.pt")
+        checkpoints[label] = f"s3://{stack.bucket}/checkpoints/{label}.pt"
         console.print(
             f"  trained {label} in {time.monotonic() - took:.0f} s: hit rate@10 "
             f"{training.hit_rate_at_10(model, training.eval_set(1000, seed=7)):.3f} on held-out sessions",
@@ -201,7 +203,8 @@ def train_and_upload(console: Console, stack: EmbeddedStack, workdir: Path) -> t
     return checkpoints, f"s3://{stack.bucket}/eval/bert4rec-sessions.parquet"
 
 
-def run_demo(console: Console, workdir: Path | None = None) -> int:
+def run_demo(console: Console, workdir: Path | None = None, runner: str = "subprocess") -> int:
+    """The five releases; `runner` "docker" runs every pipeline task in the project's images (built here)."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix="tritonship-demo-"))
     table = Table(title=f"tritonship demo: five releases of '{MODEL}' (BERT4Rec on transformers)")
     for column in ("release", "version", "verdict", "p99 ms", "infer/s", "hit rate@10", "reason"):
@@ -226,9 +229,9 @@ def run_demo(console: Console, workdir: Path | None = None) -> int:
                     f"releasing {label} (export, compile, publish, stage, quality, tune, gate, canary, promote/reject)"
                 )
                 parameters = demo_parameters(
-                    stack, source, checkpoint=checkpoints.get(weights or ""), eval_data=eval_data
+                    stack, source, checkpoint=checkpoints.get(weights or "", ""), eval_data=eval_data
                 )
-                run = run_local(parameters, workdir / "pipeline-runs", env=stack.env())
+                run = run_local(parameters, workdir / "pipeline-runs", env=stack.env(), runner=runner)
                 runs.append(run)
                 rows.append(summary_row(label, run))
                 table.add_row(*rows[-1])

@@ -86,23 +86,47 @@ class LocalRun:
         return "reject-op" in self.outputs
 
 
-def run_local(
-    parameters: dict[str, Any], pipeline_root: Path, env: dict[str, str] | None = None, quiet: bool = True
-) -> LocalRun:
-    """Run `release_pipeline` with `parameters` in this environment (SubprocessRunner, no venv).
+RUNNERS = ("subprocess", "docker")
 
-    `env` (S3 credentials, for example) is set for the run's tasks, which inherit this process's
-    environment; it is never a pipeline parameter.
+
+def run_local(
+    parameters: dict[str, Any],
+    pipeline_root: Path,
+    env: dict[str, str] | None = None,
+    quiet: bool = True,
+    runner: str = "subprocess",
+) -> LocalRun:
+    """Run `release_pipeline` with `parameters` under KFP's local runner: "subprocess" runs every task in this
+    environment (no venv), "docker" each in its image, built here (pipelines/container_runner.py).
+
+    `env` (S3 credentials, for example) is set for the run's tasks, as this process's environment, which
+    subprocesses inherit, or as each container's; it is never a pipeline parameter.
     """
+    if runner not in RUNNERS:
+        raise LocalRunError(f"--runner {runner!r} is not one of {', '.join(RUNNERS)}.")
+    with contextlib.ExitStack() as stack:
+        if runner == "docker":
+            from pipelines.container_runner import docker_runner, local_images
+
+            kfp_runner = stack.enter_context(docker_runner(env or {}, local_images()))
+            env = {}
+        else:
+            from kfp import local
+
+            kfp_runner = local.SubprocessRunner(use_venv=False)
+        return _run(parameters, pipeline_root.resolve(), kfp_runner, env or {}, quiet)
+
+
+def _run(parameters: dict[str, Any], pipeline_root: Path, runner: Any, env: dict[str, str], quiet: bool) -> LocalRun:
     from kfp import local
 
     from pipelines.pipeline import release_pipeline
 
     pipeline_root.mkdir(parents=True, exist_ok=True)
     before = set(pipeline_root.iterdir())
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True)
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
+    local.init(runner=runner, pipeline_root=str(pipeline_root), raise_on_error=True)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     log = io.StringIO()
     kfp_logger = logging.getLogger("kfp")
     previous_level = kfp_logger.level

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the demo on the embedded stack.
+# Set up (if needed) and run the demo on the embedded stack; with --containers, every pipeline task runs in the
+# project's images, which setup builds here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+if [[ " $* " == *" --containers "* ]]; then bash scripts/setup.sh --containers; else bash scripts/setup.sh; fi
 exec .venv/bin/tritonship demo "$@"

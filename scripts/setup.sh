@@ -4,8 +4,12 @@
 #   .tools/  the embedded tool wheels (tritonserver, perf_analyzer, CUDA runtime stub library), kept
 #            apart so the project can use the current tritonclient API and numpy, and Triton's PyTorch
 #            backend built from Triton's sources against .venv's torch (scripts/build_pytorch_backend.sh).
+# With --containers, also what running the pipeline's tasks in containers needs: podman and its helpers,
+# debootstrap, podman's configuration for this kind of machine, and the local images (make images-local).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+containers=0
+[[ "${1:-}" == "--containers" ]] && containers=1
 
 PY=${PYTHON:-python3.11}
 TOOLS_STAMP=.tools/.installed-v3
@@ -22,6 +26,12 @@ command -v cmake >/dev/null || need_apt+=(cmake)
 command -v ninja >/dev/null || need_apt+=(ninja-build)
 dpkg -s rapidjson-dev >/dev/null 2>&1 || need_apt+=(rapidjson-dev)
 command -v git >/dev/null || need_apt+=(git)
+if ((containers)); then
+  for tool in podman:podman buildah:buildah runc:runc fuse-overlayfs:fuse-overlayfs newuidmap:uidmap \
+    slirp4netns:slirp4netns debootstrap:debootstrap; do
+    command -v "${tool%%:*}" >/dev/null || need_apt+=("${tool#*:}")
+  done
+fi
 if ((${#need_apt[@]})); then
   echo "setup: apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -66,4 +76,27 @@ fi
 bash scripts/build_pytorch_backend.sh --python .venv/bin/python --tools .tools
 # r26.05's backend beside it, for AOTInductor packages (torch_aoti): docs/design.md section 5
 bash scripts/build_pytorch_backend.sh --release r26.05 --python .venv/bin/python --tools .tools
+if ((containers)); then
+  # podman's defaults fail where root cannot raise ulimits past the hard limits (no CAP_SYS_RESOURCE), and crun
+  # refuses cgroup v1 hybrid mode: ../shared/DESIGN.md section 8. Only a file of our own is ever rewritten.
+  conf=/etc/containers/containers.conf
+  marker="# Written by tritonship's setup"
+  if [[ ! -e $conf ]] || head -1 "$conf" | grep -qF "$marker"; then
+    nofile=$(ulimit -Hn) nproc=$(ulimit -Hu)
+    [[ $nofile == unlimited ]] && nofile=1048576
+    [[ $nproc == unlimited || $nproc -gt 32768 ]] && nproc=32768
+    mkdir -p /etc/containers
+    cat >"$conf" <<EOF
+$marker (scripts/setup.sh --containers); delete it to let podman use its defaults.
+[containers]
+default_ulimits = ["nofile=$nofile:$nofile", "nproc=$nproc:$nproc"]
+[engine]
+runtime = "runc"
+EOF
+  else
+    echo "setup: keeping $conf, not ours; podman needs runtime = \"runc\" and ulimits within the hard limits here"
+  fi
+  echo "setup: building the local images (cached layers are reused)"
+  .venv/bin/tritonship images build --local
+fi
 echo "setup: ready"

@@ -3,6 +3,8 @@ version matrix kept consistent: compile image, Triton server image and gate imag
 
 from __future__ import annotations
 
+import configparser
+import os
 import re
 from pathlib import Path
 
@@ -10,16 +12,21 @@ import dockerfile
 import pytest
 import yaml
 
+from pipelines.image_build import host_pip_mounts, plan
 from pipelines.images import matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "images"
-KINDS = ("compile", "gate", "tools")
+KINDS = ("compile", "gate", "tools", "gate-local")
 SECRET_WORDS = re.compile(r"(SECRET|PASSWORD|TOKEN|ACCESS_KEY|PRIVATE_KEY|AWS_)", re.I)
 
 
+def parsed(path: Path) -> list[dockerfile.Command]:
+    return list(dockerfile.parse_file(str(path)))
+
+
 def commands(kind: str) -> list[dockerfile.Command]:
-    return list(dockerfile.parse_file(str(IMAGES / f"{kind}.Dockerfile")))
+    return parsed(IMAGES / f"{kind}.Dockerfile")
 
 
 def release_of(image: str) -> str:
@@ -54,11 +61,20 @@ def test_a_mismatched_release_is_caught():
         check_compile_and_triton_releases(versions)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_dockerfile_base_is_pinned_and_is_the_matrix_one(kind):
-    bases = [c.value[0] for c in commands(kind) if c.cmd == "FROM"]
-    assert bases == [matrix()["base"][kind]]
-    for base in bases:
+def build_arg_defaults(path: Path) -> dict[str, str]:
+    return dict(v.split("=", 1) for c in parsed(path) if c.cmd == "ARG" for v in c.value if "=" in v)
+
+
+# A Dockerfile's defaults are its upstream build's; the local build passes its own (plan(local=True)).
+DEFAULT_BUILDS = list({b.dockerfile: b for b in plan(local=True) + plan()}.values())
+
+
+@pytest.mark.parametrize("build", DEFAULT_BUILDS, ids=lambda b: b.dockerfile.stem)
+def test_every_dockerfile_takes_its_base_and_pins_as_arguments_whose_defaults_are_the_matrix(build):
+    froms = [c.value[0] for c in parsed(build.dockerfile) if c.cmd == "FROM"]
+    assert froms == ["${BASE}"]
+    assert build_arg_defaults(build.dockerfile) == build.build_args | {"IMAGE": build.tag}
+    for base in (build.build_args["BASE"], build.tag):
         assert re.search(r":[\w][\w.-]*$", base) and not base.endswith(":latest"), base
 
 
@@ -97,3 +113,27 @@ def test_pipeline_components_use_the_matrix_images():
         assert image in matrix()["images"].values()
     assert pipeline.compile_op.component_spec.implementation.container.image == matrix()["images"]["compile"]
     assert pipeline.gate_op.component_spec.implementation.container.image == matrix()["images"]["gate"]
+
+
+def test_a_podman_build_gets_the_hosts_pip_configuration_as_read_only_mounts(tmp_path, monkeypatch):
+    wheels, bundle = tmp_path / "wheels", tmp_path / "proxy-ca.crt"
+    wheels.mkdir()
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    for name in [n for n in os.environ if n.startswith("PIP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no file: only what the environment says
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    monkeypatch.setenv("PIP_CERT", str(bundle))
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", f"file://{wheels} https://pypi.example/simple")
+    build_dir = tmp_path / "build"
+    build_dir.mkdir()
+    mounts = host_pip_mounts(build_dir)
+    assert mounts[0::2] == ["-v"] * 3
+    assert mounts[1::2] == [f"{build_dir}/pip.conf:/etc/pip.conf:ro", f"{bundle}:{bundle}:ro", f"{wheels}:{wheels}:ro"]
+    conf = configparser.ConfigParser()
+    conf.read(build_dir / "pip.conf")
+    assert dict(conf["global"]) == {
+        "find-links": str(wheels),
+        "cert": str(bundle),
+        "extra-index-url": f"file://{wheels} https://pypi.example/simple",
+    }

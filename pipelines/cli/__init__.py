@@ -13,6 +13,7 @@ for _group in (
     "repository",
     "stack_commands",
     "kubeflow",
+    "images",
 ):  # the order `--help` lists them in
     importlib.import_module(f"pipelines.cli.{_group}")
 

@@ -21,6 +21,13 @@ from pipelines.cli.common import (
 pipeline_app = typer.Typer(no_args_is_help=True, help="The KFP pipeline definition.")
 app.add_typer(pipeline_app, name="pipeline")
 ParamOption = Annotated[list[str] | None, typer.Option("--param", "-p", help="pipeline parameter name=value (repeat)")]
+ContainersOption = Annotated[
+    bool,
+    typer.Option(
+        "--containers",
+        help="run every task in the project's images (KFP's DockerRunner; bash scripts/setup.sh --containers builds them)",
+    ),
+]
 
 
 @pipeline_app.command("compile")
@@ -45,6 +52,7 @@ def run_cmd(
     pipeline_root: Annotated[Path, typer.Option(help="where the local runner keeps task outputs")] = Path(
         "local_outputs"
     ),
+    containers: ContainersOption = False,
 ) -> None:
     """Run the release pipeline locally: against the embedded stack, or (--no-stack) given endpoints."""
     from pipelines.demo import demo_parameters
@@ -54,15 +62,16 @@ def run_cmd(
     if not local:
         raise TritonshipError("only --local runs here; use `tritonship submit` to run on Kubeflow.")
     overrides = parse_parameters(param or [])
+    runner = "docker" if containers else "subprocess"
     if not stack:
         with console.status("running the pipeline locally"):
-            run = run_local(overrides, pipeline_root.resolve())
+            run = run_local(overrides, pipeline_root.resolve(), runner=runner)
     else:
         from pipelines.stack import EmbeddedStack
 
         with console.status("starting the embedded stack"), EmbeddedStack(replicas=2, gate=True) as embedded:
             parameters = demo_parameters(embedded, "pipelines.samples.bert4rec:bert4rec_v1") | overrides
-            run = run_local(parameters, pipeline_root.resolve(), env=embedded.env())
+            run = run_local(parameters, pipeline_root.resolve(), env=embedded.env(), runner=runner)
     verdict = run.verdict or {}
     outcome = "promoted" if run.promoted else "rejected" if run.rejected else "stopped"
     out_console_line(
@@ -107,10 +116,13 @@ def schedule_cmd(
 # -------------------------------------------------------------------------------------------- demo
 @app.command("demo")
 @friendly_errors
-def demo(workdir: Annotated[Path | None, typer.Option(help="keep the pipeline runs' outputs here")] = None) -> None:
-    """Four releases of the BERT4Rec recommender through the whole pipeline on the embedded stack."""
+def demo(
+    workdir: Annotated[Path | None, typer.Option(help="keep the pipeline runs' outputs here")] = None,
+    containers: ContainersOption = False,
+) -> None:
+    """Five releases of the BERT4Rec recommender through the whole pipeline on the embedded stack."""
     from pipelines.demo import run_demo
 
     if workdir is not None and workdir.exists() and not workdir.is_dir():
         raise TritonshipError(f"the work folder {workdir} is a file; give a folder (or a path that does not exist).")
-    sys.exit(run_demo(out, workdir))
+    sys.exit(run_demo(out, workdir, runner="docker" if containers else "subprocess"))

@@ -1,0 +1,228 @@
+"""Building the project's images (images/*.Dockerfile, tagged as images/versions.yaml says) with docker buildx
+where a Docker engine answers, else with podman.
+
+`local=True` builds for a machine that cannot pull the NGC and Docker Hub bases: a Debian bookworm made by
+debootstrap from the mirror apt uses, the tools image on it and the gate image on that (versions.yaml `local`).
+A podman build gets the host's pip configuration (what `pip config list` shows, written as one pip.conf), the
+local files it names (wheel folders, file:// indexes, constraints) and its CA bundle as read-only mounts of its
+RUN steps: pip behind a proxy with its own certificate works, and none of it stays in an image."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from components.errors import TritonshipError
+from pipelines.images import MATRIX, matrix
+
+ROOT = MATRIX.parents[1]
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+# What the local base adds to debootstrap's minbase: a python3 (3.11 on bookworm) that can make a venv, and the
+# CA bundle pip reads.
+BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
+BASE_PYTHON = "/opt/python"
+BUILD_LOGS = ROOT / ".stack" / "image-builds"
+
+
+class ImageBuildError(TritonshipError):
+    """An image could not be built."""
+
+
+@dataclass(frozen=True)
+class ImageBuild:
+    """One image: its Dockerfile, its tag and the build arguments versions.yaml gives it."""
+
+    kind: str
+    dockerfile: Path
+    tag: str
+    build_args: dict[str, str]
+
+
+def plan(local: bool = False) -> list[ImageBuild]:
+    """The images in build order: the NGC-based three, or (`local`) the tools image and the gate image on it."""
+    m = matrix()
+    torch = {"TORCH": m["tools_torch"]}
+    if local:
+        tools, gate = m["local"]["images"]["tools"], m["local"]["images"]["gate"]
+        return [
+            ImageBuild("tools", ROOT / "images/tools.Dockerfile", tools, {"BASE": m["local"]["base"], **torch}),
+            ImageBuild(
+                "gate",
+                ROOT / "images/gate-local.Dockerfile",
+                gate,
+                {"BASE": tools, "PERF_ANALYZER": m["local"]["perf_analyzer"]},
+            ),
+        ]
+    return [
+        ImageBuild(kind, ROOT / f"images/{kind}.Dockerfile", m["images"][kind], {"BASE": m["base"][kind]} | extra)
+        for kind, extra in (("compile", {}), ("gate", {}), ("tools", torch))
+    ]
+
+
+def engine() -> str:
+    """docker where a Docker engine answers, else podman; one plain error where neither is here."""
+    if shutil.which("docker") and _quiet(["docker", "info"]):
+        return "docker"
+    if shutil.which("podman"):
+        return "podman"
+    raise ImageBuildError(
+        "neither a Docker engine nor podman is here; install podman (bash scripts/setup.sh --containers does) "
+        "or start Docker, then build again."
+    )
+
+
+def image_exists(engine_name: str, tag: str) -> bool:
+    return _quiet([engine_name, "image", "inspect", tag])
+
+
+def image_size(engine_name: str, tag: str) -> int:
+    """The image's size in bytes, as the engine reports it."""
+    out = subprocess.run(
+        [engine_name, "image", "inspect", "--format", "{{.Size}}", tag], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout.strip())
+
+
+def build_local_base(engine_name: str, mirror: str | None = None, log: Callable[[str], None] = print) -> float:
+    """The local base image (debootstrap's minbase of versions.yaml's suite, python3 in a venv on the PATH),
+    unless it exists; the seconds it took (0 when it existed)."""
+    tag, suite = matrix()["local"]["base"], matrix()["local"]["debian_suite"]
+    if image_exists(engine_name, tag):
+        return 0.0
+    if not shutil.which("debootstrap"):
+        raise ImageBuildError("debootstrap is not installed; run `bash scripts/setup.sh --containers` first.")
+    started = time.monotonic()
+    mirror = mirror or apt_mirror()
+    with tempfile.TemporaryDirectory(prefix="tritonship-rootfs-") as rootfs:
+        log(f"images: debootstrap {suite} from {mirror}")
+        _run(
+            ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", suite, rootfs, mirror],
+            f"debootstrap of {suite} from {mirror} failed",
+        )
+        _run(["chroot", rootfs, "python3", "-m", "venv", BASE_PYTHON], "making the base's python venv failed")
+        for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for path in (Path(rootfs) / leftover).glob("*"):
+                if path.is_file():
+                    path.unlink()
+        path = f"{BASE_PYTHON}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        tar = subprocess.Popen(["tar", "-C", rootfs, "-c", "."], stdout=subprocess.PIPE)
+        imported = subprocess.run(
+            [engine_name, "import", "--change", f"ENV PATH={path}", "--change", 'CMD ["/bin/bash"]', "-", tag],
+            stdin=tar.stdout,
+            capture_output=True,
+            text=True,
+        )
+        tar.wait()
+        if imported.returncode or tar.returncode:
+            raise ImageBuildError(f"importing the local base as {tag} failed: {_last_line(imported.stderr)}")
+    return time.monotonic() - started
+
+
+def apt_mirror() -> str:
+    """The Debian mirror this machine's apt uses (its first non-security source), else deb.debian.org."""
+    for sources in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
+        for uri in re.findall(r"^URIs:\s*(\S+)", sources.read_text(), re.M):
+            if "security" not in uri:
+                return uri
+    listing = Path("/etc/apt/sources.list")
+    if listing.exists():
+        for uri in re.findall(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+)", listing.read_text(), re.M):
+            if "security" not in uri:
+                return uri
+    return DEFAULT_MIRROR
+
+
+def host_pip_mounts(workdir: Path) -> list[str]:
+    """podman build's `-v` arguments that give its RUN steps this host's pip configuration: one pip.conf made of
+    `pip config list` (files and PIP_* variables) at /etc/pip.conf, and every local path it names, read-only."""
+    listed = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    ).stdout
+    sections: dict[str, dict[str, str]] = {}
+    paths: set[str] = set()
+    for line in listed.splitlines():
+        match = re.fullmatch(r"([^.=]*)\.([^=]+)='(.*)'", line.strip())
+        if not match:
+            continue
+        section, key, value = match.groups()
+        if key == "config-file":  # PIP_CONFIG_FILE: which files were read, not a setting
+            continue
+        sections.setdefault("global" if section in ("", ":env:") else section, {})[key] = value
+        for token in value.split():
+            path = token.removeprefix("file://")
+            if path.startswith("/") and Path(path).exists():
+                paths.add(path)
+    if not sections:
+        return []
+    conf = workdir / "pip.conf"
+    conf.write_text(
+        "".join(f"[{name}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items()) for name, keys in sections.items())
+    )
+    mounts = [f"{conf}:/etc/pip.conf:ro"] + [f"{p}:{p}:ro" for p in sorted(paths)]
+    return [arg for mount in mounts for arg in ("-v", mount)]
+
+
+def build(image: ImageBuild, engine_name: str, push: bool = False, mounts: list[str] | None = None) -> float:
+    """Build `image` with `engine_name` (cached layers reused); the seconds it took."""
+    args = [f"--build-arg={k}={v}" for k, v in (image.build_args | {"IMAGE": image.tag}).items()]
+    if engine_name == "docker":
+        command = ["docker", "buildx", "build", "--platform", "linux/amd64", *args, "-t", image.tag]
+        command += ["--push"] if push else ["--load"]
+    else:
+        command = ["podman", "build", "--layers", *args, *(mounts or []), "-t", image.tag]
+    started = time.monotonic()
+    BUILD_LOGS.mkdir(parents=True, exist_ok=True)
+    log_file = BUILD_LOGS / f"{image.dockerfile.stem}.log"
+    with log_file.open("w") as output:
+        built = subprocess.run(
+            [*command, "-f", str(image.dockerfile), str(ROOT)], stdout=output, stderr=subprocess.STDOUT, check=False
+        )
+    if built.returncode:
+        raise ImageBuildError(
+            f"building {image.tag} failed (exit {built.returncode}): {_last_line(log_file.read_text())}; "
+            f"the whole build output is in {log_file}."
+        )
+    if push and engine_name == "podman":
+        _run(["podman", "push", image.tag], f"pushing {image.tag} failed")
+    return time.monotonic() - started
+
+
+def build_all(local: bool, push: bool = False, log: Callable[[str], None] = print) -> dict[str, dict[str, float]]:
+    """Build every image of the plan (and the local base first, where `local`); per tag, its build seconds and
+    size in MB."""
+    engine_name = engine()
+    report: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="tritonship-build-") as workdir:
+        mounts = host_pip_mounts(Path(workdir)) if engine_name == "podman" else []
+        if local:
+            base = matrix()["local"]["base"]
+            seconds = build_local_base(engine_name, log=log)
+            report[base] = {"seconds": round(seconds, 1), "mb": round(image_size(engine_name, base) / 1e6)}
+        for image in plan(local):
+            log(f"images: building {image.tag} ({image.dockerfile.name}) with {engine_name}")
+            seconds = build(image, engine_name, push, mounts)
+            report[image.tag] = {"seconds": round(seconds, 1), "mb": round(image_size(engine_name, image.tag) / 1e6)}
+            log(f"images: {image.tag} in {seconds:.0f} s, {report[image.tag]['mb']:.0f} MB")
+    return report
+
+
+def _quiet(command: list[str]) -> bool:
+    return subprocess.run(command, capture_output=True, check=False).returncode == 0
+
+
+def _run(command: list[str], failure: str) -> None:
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode:
+        raise ImageBuildError(f"{failure} (exit {result.returncode}): {_last_line(result.stderr or result.stdout)}.")
+
+
+def _last_line(text: str | None) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no output"

@@ -1,0 +1,98 @@
+"""The project's images, built here (bash scripts/setup.sh --containers: images/versions.yaml `local`), and the
+release pipeline run by KFP's DockerRunner with every task in them, through podman's Docker API."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from components.serving.triton_admin import TritonAdmin
+from pipelines.container_runner import local_images
+from pipelines.demo import bert4rec_request, demo_parameters
+from pipelines.images import matrix
+from pipelines.local import LocalRunError, run_local
+from pipelines.samples import bert4rec
+from tests.release_helpers import unique
+
+pytestmark = pytest.mark.containers
+LOCAL = matrix()["local"]["images"]
+
+
+def in_image(image: str, script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["podman", "run", "--rm", "--network", "none", image, "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("kind", ["tools", "gate"])
+def test_each_image_runs_tritonship_as_its_own_user_with_the_matrix_torch(kind):
+    ran = in_image(
+        LOCAL[kind],
+        'id -u; tritonship --help >/dev/null && echo tritonship-ok; python -c "import torch; print(torch.__version__)"'
+        '; echo "$TRITONSHIP_IMAGE"',
+    )
+    assert ran.returncode == 0, ran.stderr
+    uid, ok, torch_version, image = ran.stdout.split()
+    assert uid == "10001" and ok == "tritonship-ok" and image == LOCAL[kind]
+    # the compile tasks (CPU targets) run in the tools image: its torch is the one the matrix pins
+    assert torch_version.split("+")[0] == matrix()["tools_torch"]
+
+
+def test_the_compile_tasks_run_in_the_tools_image():
+    images = local_images()
+    assert images[matrix()["images"]["compile"]] == LOCAL["tools"] == images[matrix()["images"]["tools"]]
+    assert images[matrix()["images"]["gate"]] == LOCAL["gate"]
+
+
+def test_the_gate_image_finds_a_working_perf_analyzer():
+    ran = in_image(
+        LOCAL["gate"],
+        'python -c "from components.serving.tools import find_perf_analyzer; print(find_perf_analyzer().path)"'
+        "; perf_analyzer --help 2>&1 | head -3",
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines()[0] == "/usr/local/bin/perf_analyzer"
+    assert "error while loading shared libraries" not in ran.stdout and "perf_analyzer" in ran.stdout
+
+
+@pytest.mark.parametrize("kind", ["tools", "gate"])
+def test_no_host_pip_configuration_or_certificate_stays_in_an_image(kind):
+    ran = in_image(
+        LOCAL[kind],
+        "ls /etc/pip.conf /etc/xdg/pip 2>/dev/null; ls /usr/local/share/ca-certificates; "
+        'python -m pip config list; echo "done"',
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["done"], ran.stdout
+
+
+@pytest.mark.slow
+def test_a_release_runs_with_every_task_in_its_image_and_a_failed_task_fails_the_run(tmp_path, stack):
+    name = unique("boxed")
+    parameters = demo_parameters(stack, "pipelines.samples.bert4rec:bert4rec_v1", model_name=name) | {"tune_budget": 2}
+    run = run_local(parameters, tmp_path / "runs", env=stack.env(), runner="docker")
+    assert run.version == 1 and run.verdict["verdict"] == "pass" and run.promoted, run.verdict
+    # every task ran in a container, as the image's user: what each wrote is owned by uid 10001
+    owners = {p.parent.name: p.stat().st_uid for p in run.root.glob("*/executor_output.json")}
+    assert set(owners) >= {"export-op", "compile-op", "publish-op", "stage-op", "gate-op", "promote-op"}
+    assert set(owners.values()) == {10001}, owners
+
+    request = bert4rec_request()
+    with torch.no_grad():
+        eager = bert4rec.bert4rec_v1()(*(torch.from_numpy(request[k]) for k in ("item_ids", "mask_pos")))
+    for replica in stack.replicas:
+        version, served = TritonAdmin(replica.http_url).served(name, request, ["topk_indices", "topk_scores"])
+        assert version == 1
+        np.testing.assert_array_equal(served["topk_indices"], eager[0].numpy())
+        np.testing.assert_allclose(served["topk_scores"], eager[1].numpy(), rtol=1e-4, atol=1e-4)
+
+    broken = parameters | {"model_source": "pipelines.samples.bert4rec:no_such_model"}
+    with pytest.raises(LocalRunError, match="export-op"):
+        run_local(broken, tmp_path / "runs", env=stack.env(), runner="docker")
+    assert [TritonAdmin(s.http_url).served_version(name, request, ["topk_indices"]) for s in stack.replicas] == [1, 1]
