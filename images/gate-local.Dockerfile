@@ -5,11 +5,11 @@ ARG BASE=localhost/tritonship/tools:0.1.0-local
 FROM ${BASE}
 ARG IMAGE=localhost/tritonship/gate:0.1.0-local
 ARG PERF_ANALYZER=2.51.0
-USER root
+USER 0
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libb64-0d \
+ && apt-get install -y --no-install-recommends "libb64-0d=1.2-5+b1" \
  && rm -rf /var/lib/apt/lists/* \
- && pip install --no-deps --target /opt/perf_analyzer "tritonclient==${PERF_ANALYZER}" "nvidia-cuda-runtime-cu12==12.*" \
+ && pip install --no-cache-dir --no-deps --target /opt/perf_analyzer "tritonclient==${PERF_ANALYZER}" "nvidia-cuda-runtime-cu12==12.*" \
  && ln -s /opt/perf_analyzer/bin/perf_analyzer /usr/local/bin/perf_analyzer
 ENV LD_LIBRARY_PATH=/opt/perf_analyzer/nvidia/cuda_runtime/lib TRITONSHIP_IMAGE=${IMAGE}
 USER 10001

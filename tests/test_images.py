@@ -6,6 +6,8 @@ from __future__ import annotations
 import configparser
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import dockerfile
@@ -76,6 +78,15 @@ def test_every_dockerfile_takes_its_base_and_pins_as_arguments_whose_defaults_ar
     assert build_arg_defaults(build.dockerfile) == build.build_args | {"IMAGE": build.tag}
     for base in (build.build_args["BASE"], build.tag):
         assert re.search(r":[\w][\w.-]*$", base) and not base.endswith(":latest"), base
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hadolint_passes(kind):
+    hadolint = Path(sys.executable).with_name("hadolint")
+    linted = subprocess.run(
+        [str(hadolint), "--no-color", str(IMAGES / f"{kind}.Dockerfile")], capture_output=True, text=True
+    )
+    assert linted.returncode == 0, linted.stdout + linted.stderr
 
 
 @pytest.mark.parametrize("kind", KINDS)
