@@ -1,4 +1,4 @@
-.PHONY: setup demo test lint format stack-up stack-down images
+.PHONY: setup demo test lint format stack-up stack-down images images-local
 setup:
 	bash scripts/setup.sh
 demo:
@@ -15,3 +15,5 @@ stack-down:
 	.venv/bin/tritonship stack down
 images:
 	bash scripts/images.sh
+images-local:
+	bash scripts/images.sh --local
