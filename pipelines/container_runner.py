@@ -1,7 +1,7 @@
 """The release pipeline's tasks in the project's images under KFP's DockerRunner, through any Docker API: a
 Docker engine's, or podman's (`podman system service`, started here for the run where nothing else answers).
 
-kfp 2.17's runner needs three fixes for that (../shared/DESIGN.md section 8), made in `ContainerTasks.run`,
+kfp 2.17's runner needs three fixes for that (docs/design.md section 5), made in `ContainerTasks.run`,
 which stands in for kfp's `run_docker_container` while a run lasts:
 - kfp starts a task with auto-remove and asks for its exit code after; podman has removed it by then (a 500),
   and where the wait gets a 404 kfp reports exit code 0, so a failed task could pass. Here a task runs without

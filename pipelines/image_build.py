@@ -48,11 +48,16 @@ class ImageBuild:
 def plan(local: bool = False) -> list[ImageBuild]:
     """The images in build order: the NGC-based three, or (`local`) the tools image and the gate image on it."""
     m = matrix()
-    torch = {"TORCH": m["tools_torch"]}
+    torch = {"TORCH": m["tools_torch"], "TORCH_INDEX": m["tools_torch_index"]}
     if local:
         tools, gate = m["local"]["images"]["tools"], m["local"]["images"]["gate"]
         return [
-            ImageBuild("tools", ROOT / "images/tools.Dockerfile", tools, {"BASE": m["local"]["base"], **torch}),
+            ImageBuild(
+                "tools",
+                ROOT / "images/tools.Dockerfile",
+                tools,
+                {"BASE": m["local"]["base"], **torch, "TORCH_INDEX": m["local"]["torch_index"]},
+            ),
             ImageBuild(
                 "gate",
                 ROOT / "images/gate-local.Dockerfile",
@@ -158,7 +163,10 @@ def host_pip_mounts(workdir: Path) -> list[str]:
         for token in value.split():
             path = token.removeprefix("file://")
             if path.startswith("/") and Path(path).exists():
-                paths.add(path)
+                # a file index (<root>/simple) links its files from beside it: mount its root
+                paths.add(
+                    str(Path(path).parent) if token.startswith("file://") and Path(path).name == "simple" else path
+                )
     if not sections:
         return []
     conf = workdir / "pip.conf"

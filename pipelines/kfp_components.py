@@ -1,9 +1,7 @@
 """The release pipeline's KFP components: one lightweight @dsl.component per step.
 
-Each imports its step from `components` inside its body: the images (images/versions.yaml) have the
-project installed, and KFP's local runner runs the very same functions in this environment. The wiring is
-pipelines/pipeline.py.
-"""
+Each imports its step from `components` inside its body: the images (images/versions.yaml) have the project
+installed, and KFP's local runner runs the very same functions here. The wiring is pipelines/pipeline.py."""
 
 from typing import NamedTuple
 
@@ -13,7 +11,12 @@ from kfp.dsl import HTML, Input, Markdown, Metrics, Model, Output
 from pipelines.images import image
 
 
-@dsl.component(base_image=image("tools"))
+def step(kind: str):
+    """A step's @dsl.component in the `kind` image, which has kfp (images/*.Dockerfile): no pip install per task."""
+    return dsl.component(base_image=image(kind), install_kfp_package=False)
+
+
+@step("tools")
 def export_op(model_source: str, checkpoint: str, signature: str, settings: dict, exported: Output[Model]):
     """Load the user's model, check it against the signature, export it with golden samples."""
     import tempfile
@@ -37,7 +40,7 @@ def export_op(model_source: str, checkpoint: str, signature: str, settings: dict
     exported.metadata.update({"method": result.method, "fallback_reason": result.fallback_reason or ""})
 
 
-@dsl.component(base_image=image("tools"))
+@step("tools")
 def export_trained_op(
     trained: Input[Model], model_factory: str, signature: str, settings: dict, exported: Output[Model]
 ):
@@ -65,7 +68,7 @@ def export_trained_op(
     exported.metadata.update({"method": result.method, "fallback_reason": result.fallback_reason or ""})
 
 
-@dsl.component(base_image=image("compile"))
+@step("compile")
 def compile_op(
     exported: Input[Model],
     model_name: str,
@@ -87,7 +90,7 @@ def compile_op(
     compiled.metadata.update({"target": chosen.target, "precision": chosen.precision, "device": result.device})
 
 
-@dsl.component(base_image=image("tools"))
+@step("tools")
 def publish_op(compiled: Input[Model], repository: str, s3_endpoint: str, run_id: str, settings: dict) -> NamedTuple(
     "Published", [("version", int), ("uri", str)]
 ):
@@ -110,7 +113,7 @@ def publish_op(compiled: Input[Model], repository: str, s3_endpoint: str, run_id
     return namedtuple("Published", ["version", "uri"])(result.version, result.uri)
 
 
-@dsl.component(base_image=image("tools"))
+@step("tools")
 def stage_op(
     repository: str, model_name: str, version: int, gate: str, s3_endpoint: str, run_id: str, settings: dict
 ) -> str:
@@ -132,7 +135,7 @@ def stage_op(
     return result.to_json()
 
 
-@dsl.component(base_image=image("gate"))
+@step("gate")
 def tune_op(
     repository: str,
     model_name: str,
@@ -179,7 +182,7 @@ def tune_op(
     return text
 
 
-@dsl.component(base_image=image("gate"))
+@step("gate")
 def quality_op(
     repository: str,
     model_name: str,
@@ -239,7 +242,7 @@ def quality_op(
     return result.to_json()
 
 
-@dsl.component(base_image=image("tools"))
+@step("tools")
 def settings_op(flat: dict, quality_spec: str = "") -> dict:
     """Every step's settings from the pipeline's parameters, checked before anything runs: a wrong one fails
     here, not after the GPU compile. Returns each step's flat settings by step (export, compile, load, tune,
@@ -250,7 +253,7 @@ def settings_op(flat: dict, quality_spec: str = "") -> dict:
     return pipeline_settings({**flat, **({"quality_spec": quality_spec} if quality_spec else {})})
 
 
-@dsl.component(base_image=image("gate"))
+@step("gate")
 def gate_op(
     repository: str,
     model_name: str,
@@ -306,7 +309,7 @@ def gate_op(
     return namedtuple("Gated", ["verdict", "verdict_json"])(result.verdict, result.to_json())
 
 
-@dsl.component(base_image=image("tools"))
+@step("tools")
 def promote_op(
     repository: str,
     model_name: str,
@@ -360,7 +363,7 @@ def promote_op(
     return namedtuple("Promoted", ["promoted", "promote_json"])(result.promoted, result.to_json())
 
 
-@dsl.component(base_image=image("tools"))
+@step("tools")
 def reject_op(
     repository: str, model_name: str, version: int, gate: str, verdict_json: str, s3_endpoint: str, run_id: str
 ):
@@ -383,7 +386,7 @@ def reject_op(
     )
 
 
-@dsl.component(base_image=image("tools"))
+@step("tools")
 def finish_release_op(repository: str, model_name: str, gate: str, s3_endpoint: str, run_id: str):
     """Exit handler: whatever happened, the candidate leaves the gate server and this run's release
     lease on the model is given back (promote and reject give it back themselves on their paths)."""

@@ -78,7 +78,7 @@ bash scripts/build_pytorch_backend.sh --python .venv/bin/python --tools .tools
 bash scripts/build_pytorch_backend.sh --release r26.05 --python .venv/bin/python --tools .tools
 if ((containers)); then
   # podman's defaults fail where root cannot raise ulimits past the hard limits (no CAP_SYS_RESOURCE), and crun
-  # refuses cgroup v1 hybrid mode: ../shared/DESIGN.md section 8. Only a file of our own is ever rewritten.
+  # refuses cgroup v1 hybrid mode: docs/design.md section 5. Only a file of our own is ever rewritten.
   conf=/etc/containers/containers.conf
   marker="# Written by tritonship's setup"
   if [[ ! -e $conf ]] || head -1 "$conf" | grep -qF "$marker"; then

@@ -4,6 +4,7 @@ release pipeline run by KFP's DockerRunner with every task in them, through podm
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 from components.serving.triton_admin import TritonAdmin
 from pipelines.container_runner import local_images
 from pipelines.demo import bert4rec_request, demo_parameters
+from pipelines.image_build import host_pip_mounts
 from pipelines.images import matrix
 from pipelines.local import LocalRunError, run_local
 from pipelines.samples import bert4rec
@@ -62,14 +64,21 @@ def test_the_gate_image_finds_a_working_perf_analyzer():
 
 
 @pytest.mark.parametrize("kind", ["tools", "gate"])
-def test_no_host_pip_configuration_or_certificate_stays_in_an_image(kind):
+def test_no_host_pip_configuration_or_certificate_stays_in_an_image(kind, tmp_path):
+    # what the build mounted (podman leaves each mount point behind, empty) must hold nothing in the image
+    mounted = host_pip_mounts(tmp_path)[1::2]
+    assert mounted, "this machine's pip has no configuration to give a build"
+    bundle = "/etc/ssl/certs/ca-certificates.crt"  # the image's own bundle: its content is compared below
+    targets = [m.split(":")[1] for m in mounted if m.split(":")[1] != bundle]
     ran = in_image(
         LOCAL[kind],
-        "ls /etc/pip.conf /etc/xdg/pip 2>/dev/null; ls /usr/local/share/ca-certificates; "
-        'python -m pip config list; echo "done"',
+        f"find {' '.join(targets)} -type f -size +0 2>/dev/null; python -m pip config list | grep -v '^:env:'; "
+        f"cat {bundle}",
     )
-    assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.split() == ["done"], ran.stdout
+    assert ran.stdout.startswith("-----BEGIN CERTIFICATE-----"), ran.stdout[:300]  # the image's own bundle only
+    assert ran.stdout != Path(bundle).read_text()
+    for host_certificate in Path("/usr/local/share/ca-certificates").glob("*.crt"):
+        assert host_certificate.read_text().strip() not in ran.stdout, host_certificate
 
 
 @pytest.mark.slow

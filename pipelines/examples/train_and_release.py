@@ -9,13 +9,12 @@ speed. Runs on Kubeflow and under the local runner:
 from kfp import dsl
 from kfp.dsl import Model, Output
 
-from pipelines.images import image
-from pipelines.kfp_components import compile_op, export_trained_op, settings_op
+from pipelines.kfp_components import compile_op, export_trained_op, settings_op, step
 from pipelines.pipeline import release_steps
 from pipelines.samples.bert4rec import DYNAMIC_SIGNATURE_JSON, QUALITY_SPEC_TEXT
 
 
-@dsl.component(base_image=image("tools"))
+@step("tools")
 def train_op(seed: int, steps: int, trained: Output[Model]):
     """Train the sample recommender on synthetic sessions; save its state_dict with its hit rate@10."""
     from pipelines.samples.bert4rec import training
