@@ -4,9 +4,14 @@
 ARG BASE=nvcr.io/nvidia/pytorch:26.10-py3
 FROM ${BASE}
 ARG IMAGE=ghcr.io/tritonship/compile:0.1.0-26.10
+# The serving image's torch (versions.yaml serving_torch): an AOTInductor package loads only in the torch it was
+# compiled with, so a base that carries another fails the build here.
+ARG TORCH=2.14.0
 ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     TRITONSHIP_IMAGE=${IMAGE}
 WORKDIR /opt/tritonship
+RUN python -c "import sys, torch; sys.exit(0 if torch.__version__.startswith('${TORCH}') else \
+    f'the base carries torch {torch.__version__}, not ${TORCH} (images/versions.yaml serving_torch)')"
 COPY pyproject.toml README.md ./
 COPY components ./components
 COPY pipelines ./pipelines

@@ -67,7 +67,7 @@ def plan(local: bool = False) -> list[ImageBuild]:
         ]
     return [
         ImageBuild(kind, ROOT / f"images/{kind}.Dockerfile", m["images"][kind], {"BASE": m["base"][kind]} | extra)
-        for kind, extra in (("compile", {}), ("gate", {}), ("tools", torch))
+        for kind, extra in (("compile", {"TORCH": m["serving_torch"]}), ("gate", {}), ("tools", torch))
     ]
 
 
