@@ -1,8 +1,8 @@
 """The demo: five releases of the users' BERT4Rec recommender through the whole KFP pipeline on the embedded
 stack, with live clients sending long histories to the production replicas from v1 on.
 
-The recommender is trained first (pipelines/samples/bert4rec/training.py: synthetic sessions with structure, a few
-seconds a model), and every release is judged on held-out labelled sessions in S3 as well as on speed.
+The recommender is trained (pipelines/samples/bert4rec/training.py: synthetic sessions with structure, about half a
+minute a model, v1's first and the others while v1 is released), and every release is judged on held-out labelled sessions in S3 as well as on speed.
 v1 is the first release (absolute limits and quality floors only), v2 a retrain with another seed (promoted after
 its canary), v3 a deliberately slower model (rejected by the gate; v2 keeps serving), v4 v2's answers at a cost
 that grows with the history's length beyond 16 positions: exactly v2's work at the gate's 8, and its canary
@@ -14,8 +14,10 @@ that story and exits non-zero, saying what differed, when it does not hold.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -180,27 +182,62 @@ def _deciders(run: LocalRun) -> set[str]:
     return failed | ({"quality"} if (verdict.get("quality") or {}).get("decision") == "fail" else set())
 
 
-def train_and_upload(console: Console, stack: EmbeddedStack, workdir: Path) -> tuple[dict[str, str], str]:
-    """The releases' trained weights and the held-out sessions the quality check judges them on, as S3 URIs (which
-    a task reads alike in this process and in a container)."""
+def trained_checkpoint(label: str, seed: int, corrupted: bool, workdir: Path) -> tuple[Path, float, float]:
+    """One of the releases' models trained and saved (in the training process): its file, the seconds it took and
+    its hit rate@10 on held-out sessions."""
     from pipelines.samples.bert4rec import training
 
-    checkpoints = {}
-    for label, (seed, corrupted) in TRAINED.items():
-        took = time.monotonic()
-        model = training.train(seed, corrupted=corrupted)
-        training.save_checkpoint(model, workdir / f"{label}.pt")
-        stack.s3.client().upload_file(str(workdir / f"{label}.pt"), stack.bucket, f"checkpoints/{label}.pt")
-        checkpoints[label] = f"s3://{stack.bucket}/checkpoints/{label}.pt"
-        console.print(
-            f"  trained {label} in {time.monotonic() - took:.0f} s: hit rate@10 "
-            f"{training.hit_rate_at_10(model, training.eval_set(1000, seed=7)):.3f} on held-out sessions",
-            highlight=False,
-        )
+    took = time.monotonic()
+    model = training.train(seed, corrupted=corrupted)
+    training.save_checkpoint(model, workdir / f"{label}.pt")
+    hit_rate = training.hit_rate_at_10(model, training.eval_set(1000, seed=7))
+    return workdir / f"{label}.pt", time.monotonic() - took, hit_rate
+
+
+class Training:
+    """The releases' models, trained one after another (TRAINED's order) in a process of their own, so that v1's
+    release, which needs only the first, runs while the others train. Each is in S3 once asked for (a task reads an
+    S3 URI alike in a process and in a container); `all()` waits for every one, so no later release is measured
+    beside the training."""
+
+    def __init__(self, console: Console, stack: EmbeddedStack, workdir: Path) -> None:
+        self.console, self.stack = console, stack
+        self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        self.pending = {
+            label: self.pool.submit(trained_checkpoint, label, seed, corrupted, workdir)
+            for label, (seed, corrupted) in TRAINED.items()
+        }
+        self.uris: dict[str, str] = {}
+
+    def checkpoint(self, label: str | None) -> str:
+        if label is None:
+            return ""
+        if label not in self.uris:
+            path, seconds, hit_rate = self.pending[label].result()
+            self.stack.s3.client().upload_file(str(path), self.stack.bucket, f"checkpoints/{label}.pt")
+            self.uris[label] = f"s3://{self.stack.bucket}/checkpoints/{label}.pt"
+            self.console.print(
+                f"  trained {label} in {seconds:.0f} s: hit rate@10 {hit_rate:.3f} on held-out sessions",
+                highlight=False,
+            )
+        return self.uris[label]
+
+    def all(self) -> None:
+        for label in TRAINED:
+            self.checkpoint(label)
+
+    def close(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+
+
+def upload_eval(stack: EmbeddedStack, workdir: Path) -> str:
+    """The held-out labelled sessions the quality check judges every release on, in S3."""
+    from pipelines.samples.bert4rec import training
+
     local = workdir / "eval-sessions.parquet"
     training.write_eval(training.eval_set(EVAL_ROWS, seed=1000), local)
     stack.s3.client().upload_file(str(local), stack.bucket, "eval/bert4rec-sessions.parquet")
-    return checkpoints, f"s3://{stack.bucket}/eval/bert4rec-sessions.parquet"
+    return f"s3://{stack.bucket}/eval/bert4rec-sessions.parquet"
 
 
 def run_demo(console: Console, workdir: Path | None = None, runner: str = "subprocess") -> int:
@@ -220,16 +257,20 @@ def run_demo(console: Console, workdir: Path | None = None, runner: str = "subpr
             f"embedded stack up: S3 {stack.s3.endpoint_url}, production "
             f"{', '.join(s.http_url for s in stack.replicas)}, gate {stack.gate.http_url}"
         )
-        status.update("training the recommender on synthetic sessions (three models)")
-        checkpoints, eval_data = train_and_upload(console, stack, workdir)
+        status.update("training the recommender on synthetic sessions (three models, v1's first)")
+        training = Training(console, stack, workdir)
+        eval_data = upload_eval(stack, workdir)
         clients = LiveTraffic([s.http_url for s in stack.replicas], MODEL, cpus=stack.replica_cpus)
         with ExitStack() as live:
+            live.callback(training.close)
             for label, source, weights, _expected, _decider in RELEASES:
+                if runs:
+                    training.all()
                 status.update(
                     f"releasing {label} (export, compile, publish, stage, quality, tune, gate, canary, promote/reject)"
                 )
                 parameters = demo_parameters(
-                    stack, source, checkpoint=checkpoints.get(weights or "", ""), eval_data=eval_data
+                    stack, source, checkpoint=training.checkpoint(weights), eval_data=eval_data
                 )
                 run = run_local(parameters, workdir / "pipeline-runs", env=stack.env(), runner=runner)
                 runs.append(run)

@@ -4,10 +4,12 @@ candidate and stable served side by side by Triton's PyTorch backend on the gate
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,7 @@ from components.release.quality_spec import QualitySpec
 from components.release.stage import stage
 from components.s3 import S3Settings
 from components.serving.triton_admin import TritonAdmin
+from pipelines.demo import TRAINED, trained_checkpoint
 from pipelines.samples import bert4rec
 from pipelines.samples.bert4rec import training
 from pipelines.samples.bert4rec.build import compiled_folder
@@ -38,10 +41,9 @@ def trained(tmp_path_factory) -> dict[str, Path]:
     """Checkpoints of the demo model trained on the same data with seeds 0 and 1, and on a corrupted log; the
     held-out eval set as Parquet and .npz."""
     where = tmp_path_factory.mktemp("trained")
-    paths = {}
-    for label, seed, corrupted in (("seed0", 0, False), ("seed1", 1, False), ("corrupted", 1, True)):
-        training.save_checkpoint(training.train(seed, corrupted=corrupted), where / f"{label}.pt")
-        paths[label] = where / f"{label}.pt"
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:  # one thread each
+        jobs = [pool.submit(trained_checkpoint, label, *job, where) for label, job in TRAINED.items()]
+        paths = {label: job.result()[0] for label, job in zip(TRAINED, jobs, strict=True)}
     data = training.eval_set(ROWS, seed=1000)
     for suffix in ("parquet", "npz"):
         training.write_eval(data, where / f"eval.{suffix}")
