@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -40,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     results: dict[str, object] = {
         "command": "python benchmarks/image_builds.py",
-        "machine": f"{platform.node()}: {platform.processor() or platform.machine()}, 2 cores here",
+        "machine": f"{platform.node()}: {platform.machine()}, {os.cpu_count()} cores",
         "podman": subprocess.run(["podman", "--version"], capture_output=True, text=True).stdout.strip(),
     }
     remove_local_images()
