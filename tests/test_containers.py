@@ -91,6 +91,10 @@ def test_a_release_runs_with_every_task_in_its_image_and_a_failed_task_fails_the
     owners = {p.parent.name: p.stat().st_uid for p in run.root.glob("*/executor_output.json")}
     assert set(owners) >= {"export-op", "compile-op", "publish-op", "stage-op", "gate-op", "promote-op"}
     assert set(owners.values()) == {10001}, owners
+    # the credentials reached the tasks as container environment: never in a task's output or log
+    secrets = [stack.s3.secret_access_key, stack.admin_key]
+    outputs = [run.log] + [p.read_text(errors="replace") for p in run.root.rglob("*") if p.is_file()]
+    assert all(secret and not any(secret in text for text in outputs) for secret in secrets)
 
     request = bert4rec_request()
     with torch.no_grad():
