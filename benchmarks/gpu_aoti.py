@@ -17,12 +17,14 @@ kernels' and copies' durations summed, and their count). Then every folder is pu
 dark on the gate (accuracy against eager), installed in production and loaded (a release's targets together) on one
 server per `--metrics` setting (`summaries`: the stack's replica, which keeps Triton's latency summaries; `none`:
 one more server without them) with one serving setting (the signature's max batch, dynamic batching with
-`--queue-delay-us`; TorchScript on `--torchscript-instances` GPU instances, the package on one: r26.05 runs every
-instance of a package through one shared runner, docs/design.md section 5), and measured one at a time with
+`--queue-delay-us`; TorchScript on `--torchscript-instances` GPU instances, the package on `--aoti-instances`,
+each running its own loader with the r26.05 loader-per-instance patch, docs/design.md section 5), and measured one
+at a time with
 perf_analyzer over HTTP: each offered rate of `--rates`, then concurrency 1 (benchmarks/served_points.py:
 throughput, p50, p99, the GPU's utilisation, the batch Triton formed and what one execution cost). The JSON is
 rewritten after each folder, so a run stopped early (LIMIT_S in gpu_served_speed.sh) keeps what it measured.
-Writes benchmarks/results/gpu_aoti_<device>_<size>_<precision>_<releases>[_<targets> unless both].json.
+Writes benchmarks/results/gpu_aoti_<device>_<size>_<precision>_<releases>[_<targets> unless both][_aoti<N>x unless
+1].json.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ FACTORIES = {
 GOALS = {"model": (20_000, 4.0), "folded": (10_000, 4.0)}  # infer/s within p99 ms (issue 42)
 RUN_ID = "gpu-aoti"
 # Triton's --metrics-config settings to serve with: the stack's (latency summaries for promote's canary), and none
-METRICS = {"summaries": LATENCY_SUMMARIES, "none": ()}
+# Triton's latency summaries with every default quantile, with only the p99 (what the canary reads), or none.
+METRICS = {"summaries": LATENCY_SUMMARIES, "p99": (*LATENCY_SUMMARIES, "summary_quantiles=0.99:0.001"), "none": ()}
 
 
 def build(work: Path, size: str, release: str, target: str, device: str, precision: str) -> model_folder.ModelFolder:
@@ -116,11 +119,13 @@ def main() -> None:
     parser.add_argument("--queue-delay-us", type=int, default=100)
     parser.add_argument("--metrics", nargs="+", default=["summaries"], choices=METRICS, help="one server per setting")
     parser.add_argument("--torchscript-instances", type=int, default=2, help="the steadiest in run E (README)")
+    parser.add_argument("--aoti-instances", type=int, default=1, help="each runs its own loader (patch 6)")
     args = parser.parse_args()
     device = args.device.split(":")[0]
     releases = args.releases.replace(",", "_")
     targets = "" if args.targets == "aoti,torchscript" else "_" + args.targets.replace(",", "_")
-    out = HERE / "results" / f"gpu_aoti_{device}_{args.size}_{args.precision}_{releases}{targets}.json"
+    instances = "" if args.aoti_instances == 1 else f"_aoti{args.aoti_instances}x"
+    out = HERE / "results" / f"gpu_aoti_{device}_{args.size}_{args.precision}_{releases}{targets}{instances}.json"
     report: dict = {
         "command": " ".join(sys.argv),
         "torch": torch.__version__,
@@ -162,7 +167,7 @@ def main() -> None:
                 for member, config in candidate.production_configs().items():
                     repo.copy_to_production(member, version)
                     repo.write_desired_config(member, config, None)
-                instances = args.torchscript_instances if target == "torchscript" else 1
+                instances = args.torchscript_instances if target == "torchscript" else args.aoti_instances
                 settings = ServingSettings(max_queue_delay_us=args.queue_delay_us, instance_count=instances)
                 entry["settings"] = settings.__dict__
                 for admin in admins:

@@ -13,6 +13,7 @@
 #   bash benchmarks/gpu_served_speed.sh hops --precision fp16 --concurrency 1 16 64 --rates 10000   # there: the ensemble's hops
 #   bash benchmarks/gpu_served_speed.sh floor --precision fp16   # there: one call of the model step and its GPU busy time
 #   bash benchmarks/gpu_served_speed.sh aoti   # there: the users' BERT4Rec as torch_aoti against TorchScript, one server
+#   bash benchmarks/gpu_served_speed.sh pytest -k instance_count tests/test_aoti.py   # there: any tests
 #
 # One device call carries at most 64 MiB, so the packs travel in two calls to the same warm machine:
 # `bash benchmarks/gpu_served_speed.sh unpack` with only .gpu/site312.tar.xz and .gpu/stub312.tar.xz
@@ -35,7 +36,8 @@ pack() {
     tritonclient==2.73.0 protobuf==6.33.6 python-rapidjson==1.25 gevent==26.9.0 geventhttpclient==2.6.1 \
     greenlet==3.5.6 brotli==1.2.1 zope.event==6.2 zope.interface==8.7 moto==5.2.5 flask==3.1.3 \
     flask-cors==6.0.5 blinker==1.9.0 itsdangerous==2.2.0 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 \
-    responses==0.26.3 xmltodict==1.0.4 werkzeug==3.1.9
+    responses==0.26.3 xmltodict==1.0.4 werkzeug==3.1.9 pydantic==2.14.4 pydantic_core==2.50.5 \
+    annotated-types==0.8.0 typing-inspection==0.4.5
   # shellcheck disable=SC2086
   .venv/bin/python -m pip install -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     $PLATFORMS --target "$tmp/stub312" numpy==1.26.4
@@ -161,10 +163,17 @@ aoti() {
   if [ "${AOTI_TESTS:-1}" = 1 ]; then
     python3 -m pytest -p no:cacheprovider -m gpu --durations=5 tests/test_aoti.py tests/test_export_compile.py 2>&1 \
       | tee "$OUT/pytest_gpu_aoti.log" || true
+    python3 -m pytest -p no:cacheprovider -k instance_count tests/test_aoti.py 2>&1 | tee -a "$OUT/pytest_gpu_aoti.log" || true
   fi
   timeout -s INT -k 20 "${LIMIT_S:-0}" python3 benchmarks/gpu_aoti.py "$@" 2>&1 \
     | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace\|USDT\|loss_type" | tee -a "$OUT/gpu_aoti.log" || true
   fetch "gpu_aoti_cuda_*.json"
+}
+
+# Any tests there, in the unpacked environment: `pytest -k instance_count tests/test_aoti.py`.
+pytest() {
+  unpack || exit 0
+  python3 -m pytest -p no:cacheprovider --durations=5 "$@" 2>&1 | tee -a "$OUT/pytest.log"
 }
 
 # The gate's A/A and +25% trials on the GPU (benchmarks/gate_quality.py --gpu); arguments go to it.

@@ -4,6 +4,9 @@ TorchScript, and refused at publish when compiled with another torch than the se
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,7 +21,7 @@ from components.model.parity import Tolerance
 from components.release.gate import gate
 from components.release.promote import promote
 from components.release.publish import PublishError, publish
-from components.release.stage import stage
+from components.release.stage import read_candidate, stage
 from components.release.step_settings import TuneSettings
 from components.release.tune import tune
 from components.repository import ModelRepository
@@ -122,8 +125,8 @@ def test_an_aoti_folder_is_served_like_eager_then_tuned_gated_and_promoted(key, 
         repository(stack), published.model, published.version, stack.gate.http_url, TuneSettings(budget=3), s3=stack.s3
     )
     assert tuned.trials and all(t.measured for t in tuned.trials), [t.problem for t in tuned.trials]
-    # neither the TorchScript executor nor instances are knobs of a package (docs/design.md section 5)
-    assert {(t.settings.optimized_execution, t.settings.instance_count) for t in tuned.trials} == {(True, 1)}
+    # a package has no TorchScript executor; its instances are searched (each runs its own loader)
+    assert {t.settings.optimized_execution for t in tuned.trials} == {True}
     verdict = gate(
         repository(stack), published.model, published.version, stack.gate.http_url, ABSOLUTE_GATE, staged, s3=stack.s3
     )
@@ -134,6 +137,68 @@ def test_an_aoti_folder_is_served_like_eager_then_tuned_gated_and_promoted(key, 
     for server in stack.replicas:
         with TritonAdmin(server.http_url) as admin:
             _assert_close(_answers(admin, folder, golden_in), golden_out, f"{server.name} after promote")
+
+
+def test_an_aoti_model_changes_its_instance_count_under_traffic_with_no_failed_request(tmp_path, stack):
+    """Triton updates instances in place when only their count changes: with clients sending all along, the package
+    goes from 1 to 2, 3 and back to 1 instance, no request fails and every answer is eager's. Before the r26.05
+    loader-per-instance patch, an added instance freed the loader another instance was running; this test does
+    not force that race (it passed without the patch too, benchmarks/results/gpu_aoti_instance_test_without_patch6
+    .log). What each instance's own runner gains is measured by benchmarks/gpu_aoti.py --aoti-instances."""
+    export_dir, path = _aoti_folder(tmp_path, "cnn")
+    folder = model_folder.read(path)
+    published, staged, candidate = _staged_like_eager(stack, folder, export_dir)
+    golden_in, golden_out = folder.golden()
+    rows = len(next(iter(golden_in.values())))
+    answered: list[tuple[int, dict]] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def client(first_row: int) -> None:
+        with TritonAdmin(stack.gate.http_url) as admin:  # a client each: tritonclient's is not thread-safe
+            for i in itertools.count(first_row):
+                if stop.is_set():
+                    return
+                row = i % rows
+                try:
+                    answered.append(
+                        (row, _answers(admin, candidate, {k: v[row : row + 1] for k, v in golden_in.items()}))
+                    )
+                except Exception as exc:  # every failure is what the test counts
+                    failures.append(f"{type(exc).__name__}: {exc}")
+
+    repo = ModelRepository(repository(stack), stack.s3)
+    config = read_candidate(repo, published.model, published.version).candidate_config()
+    with ThreadPoolExecutor(4) as pool, TritonAdmin(stack.gate.http_url) as admin:
+        clients = [pool.submit(client, first) for first in range(4)]
+        try:
+            for count in (2, 3, 1):
+                _wait_for_answers(answered, 40)  # traffic before each change, not a sleep
+                config.instance_group[0].count = count
+                admin.load(staged.candidate, config)
+                admin.wait_ready(staged.candidate, published.version)
+                assert admin.model_config(staged.candidate)["instance_group"][0]["count"] == count
+            _wait_for_answers(answered, 40)
+        finally:
+            stop.set()
+            for running in clients:
+                running.result()
+    assert failures == [] and _is_live(stack.gate.http_url)
+    for row, answer in answered:
+        _assert_close(answer, {k: v[row : row + 1] for k, v in golden_out.items()}, f"row {row} under reloads")
+
+
+def _wait_for_answers(answered: list, more: int, timeout_s: float = 60.0) -> None:
+    """Until `more` answers have come in since the call (the clients run), within `timeout_s`."""
+    target, deadline = len(answered) + more, time.monotonic() + timeout_s
+    while len(answered) < target:
+        assert time.monotonic() < deadline, f"the clients got {len(answered)} of {target} answers in {timeout_s} s"
+        time.sleep(0.05)
+
+
+def _is_live(url: str) -> bool:
+    with TritonAdmin(url) as admin:
+        return admin.is_live()
 
 
 @pytest.mark.gpu

@@ -348,13 +348,8 @@ def tune(
         settings = dataclasses.replace(settings, intra_op_thread_counts=(default.intra_op_threads,))
     else:  # on the CPU its pauses are the fuser's, which libtorch leaves off there
         settings = dataclasses.replace(settings, optimized_executions=(default.optimized_execution,))
-    if _is_aoti(candidate):
-        # An AOTInductor package has no TorchScript executor, and r26.05's backend runs every instance through
-        # one runner: more instances add no parallelism, and adding one to a loaded model crashed the server
-        # (docs/design.md section 5).
-        settings = dataclasses.replace(
-            settings, optimized_executions=(default.optimized_execution,), instance_counts=(default.instance_count,)
-        )
+    if _is_aoti(candidate):  # an AOTInductor package has no TorchScript executor; each instance runs its own loader
+        settings = dataclasses.replace(settings, optimized_executions=(default.optimized_execution,))
     size = len(grid(default, settings))
     started = time.monotonic()
     if not enabled:
