@@ -144,12 +144,14 @@ def test_admin_apis_are_locked_with_the_secret_and_only_the_pipeline_reaches_the
     assert not any("restricted" in a for a in _container(open_chart, "production")["args"])
 
 
-def test_latency_summaries_are_kept_on_production_pods_only_and_can_be_turned_off():
-    summaries = "--metrics-config=summary_latencies=true"
+def test_latency_summaries_are_kept_on_production_pods_only_with_the_p99_alone_and_can_be_turned_off():
+    summaries, p99 = "--metrics-config=summary_latencies=true", "--metrics-config=summary_quantiles=0.99:0.001"
     objects = render()
-    assert summaries in _container(objects, "production")["args"]
-    assert summaries not in _container(objects, "gate")["args"]
-    assert summaries not in _container(render(sets=("latencySummaries=false",)), "production")["args"]
+    assert {summaries, p99} <= set(_container(objects, "production")["args"])
+    assert not {summaries, p99} & set(_container(objects, "gate")["args"])
+    assert not {summaries, p99} & set(_container(render(sets=("latencySummaries=false",)), "production")["args"])
+    every_quantile = _container(render(sets=("latencyQuantiles=",)), "production")["args"]
+    assert summaries in every_quantile and not any("summary_quantiles" in a for a in every_quantile)
 
 
 def test_rendered_triton_arguments_come_up_ready_on_the_embedded_stack(tmp_path, stack):
