@@ -164,6 +164,7 @@ CASES = [
     (["submit"], ["--host", "http://{closed}", "-p", "nope=1"], "no parameter 'nope'"),
     (["schedule"], ["--host", "http://{closed}", "--cron", "0 3 * * *"], "KFP takes 6"),
     (["demo"], ["--workdir", "{binary}"], "binary.json"),
+    (["images", "build"], ["--local", "--json", "{dir}"], "must name a file in an existing folder"),
 ]
 
 

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from components.errors import TritonshipError
 from pipelines.cli.common import app, console, friendly_errors
 
 images_app = typer.Typer(no_args_is_help=True, help="Build the project's container images.")
@@ -28,7 +29,14 @@ def build_cmd(
     """Build the images images/versions.yaml names, with docker buildx or podman (cached layers reused)."""
     from pipelines.image_build import build_all
 
+    if json_out is not None and (json_out.is_dir() or not json_out.parent.is_dir()):
+        raise TritonshipError(f"--json {json_out} must name a file in an existing folder.")
     with console.status("building images") as status:
-        report = build_all(local, push, log=lambda line: (status.update(line), console.print(line, highlight=False)))
+
+        def log(line: str) -> None:
+            status.update(line)
+            console.print(line, highlight=False)
+
+        report = build_all(local, push, log=log)
     if json_out:
         json_out.write_text(json.dumps(report, indent=2) + "\n")
