@@ -103,7 +103,7 @@ def run_local(
     subprocesses inherit, or as each container's; it is never a pipeline parameter.
     """
     if runner not in RUNNERS:
-        raise LocalRunError(f"--runner {runner!r} is not one of {', '.join(RUNNERS)}.")
+        raise LocalRunError(f"the local runner {runner!r} is not one of {', '.join(RUNNERS)}.")
     with contextlib.ExitStack() as stack:
         if runner == "docker":
             from pipelines.container_runner import docker_runner, local_images
