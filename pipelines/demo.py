@@ -17,7 +17,6 @@ import json
 import multiprocessing
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -202,9 +201,9 @@ class Training:
 
     def __init__(self, console: Console, stack: EmbeddedStack, workdir: Path) -> None:
         self.console, self.stack = console, stack
-        self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        self.pool = multiprocessing.get_context("spawn").Pool(1)
         self.pending = {
-            label: self.pool.submit(trained_checkpoint, label, seed, corrupted, workdir)
+            label: self.pool.apply_async(trained_checkpoint, (label, seed, corrupted, workdir))
             for label, (seed, corrupted) in TRAINED.items()
         }
         self.uris: dict[str, str] = {}
@@ -213,7 +212,7 @@ class Training:
         if label is None:
             return ""
         if label not in self.uris:
-            path, seconds, hit_rate = self.pending[label].result()
+            path, seconds, hit_rate = self.pending[label].get()
             self.stack.s3.client().upload_file(str(path), self.stack.bucket, f"checkpoints/{label}.pt")
             self.uris[label] = f"s3://{self.stack.bucket}/checkpoints/{label}.pt"
             self.console.print(
@@ -227,7 +226,9 @@ class Training:
             self.checkpoint(label)
 
     def close(self) -> None:
-        self.pool.shutdown(cancel_futures=True)
+        """Stops the training process, at once: after a failed release nothing waits for a model."""
+        self.pool.terminate()
+        self.pool.join()
 
 
 def upload_eval(stack: EmbeddedStack, workdir: Path) -> str:
@@ -258,11 +259,11 @@ def run_demo(console: Console, workdir: Path | None = None, runner: str = "subpr
             f"{', '.join(s.http_url for s in stack.replicas)}, gate {stack.gate.http_url}"
         )
         status.update("training the recommender on synthetic sessions (three models, v1's first)")
-        training = Training(console, stack, workdir)
-        eval_data = upload_eval(stack, workdir)
         clients = LiveTraffic([s.http_url for s in stack.replicas], MODEL, cpus=stack.replica_cpus)
         with ExitStack() as live:
-            live.callback(training.close)
+            training = Training(console, stack, workdir)
+            live.callback(training.close)  # also when a release fails: the training process stops
+            eval_data = upload_eval(stack, workdir)
             for label, source, weights, _expected, _decider in RELEASES:
                 if runs:
                     training.all()
