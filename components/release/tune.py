@@ -348,8 +348,14 @@ def tune(
         settings = dataclasses.replace(settings, intra_op_thread_counts=(default.intra_op_threads,))
     else:  # on the CPU its pauses are the fuser's, which libtorch leaves off there
         settings = dataclasses.replace(settings, optimized_executions=(default.optimized_execution,))
-    if _is_aoti(candidate):  # an AOTInductor package has no TorchScript executor; each instance runs its own loader
-        settings = dataclasses.replace(settings, optimized_executions=(default.optimized_execution,))
+    if _is_aoti(candidate):
+        # An AOTInductor package has no TorchScript executor. Its instance count stays as given: with the r26.05
+        # loader-per-instance patch, a package loaded with N instances runs N loaders, but changing the count of a
+        # loaded package (what each trial does) crashed the CPU gate server with the demo's BERT4Rec
+        # (docs/design.md section 5).
+        settings = dataclasses.replace(
+            settings, optimized_executions=(default.optimized_execution,), instance_counts=(default.instance_count,)
+        )
     size = len(grid(default, settings))
     started = time.monotonic()
     if not enabled:
