@@ -38,7 +38,7 @@ from components.release.stage import stage
 from components.repository import ModelRepository
 from components.serving import perf
 from components.settings import RELAXED_STABILITY_PCT, LoadSettings
-from pipelines.live_traffic import LiveTraffic, live_request
+from pipelines.live_traffic import LIVE_OUTPUTS, LiveTraffic, live_request
 from pipelines.samples import bert4rec
 from pipelines.samples.bert4rec import build as bert4rec_build
 from pipelines.stack import EmbeddedStack
@@ -189,7 +189,7 @@ def main() -> None:
     with EmbeddedStack(replicas=2, gate=True) as stack:
         install_stable(stack, folders["aa"])
         urls, cpus = [s.http_url for s in stack.replicas], stack.replica_cpus
-        with LiveTraffic(urls, MODEL, rate_hz=args.rate, cpus=cpus) as clients:
+        with LiveTraffic(urls, MODEL, live_request, LIVE_OUTPUTS, rate_hz=args.rate, cpus=cpus) as clients:
             runs.append({"first_decision": len(decisions) + 1})
             for i, kind in list(enumerate(plan))[len(decisions) :]:
                 folder = shutil.copytree(folders[kind], work / f"{i}" / MODEL)

@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gate_quality import MODEL, X, busy_cpus
+from benchmarks.gate_quality import MODEL, busy_cpus
 from components.model import model_config
 from components.release.gate import WARM_UP_REQUESTS, round_requests
 from components.release.publish import publish
@@ -33,11 +33,12 @@ from components.serving import perf
 from components.serving.tools import shared_client_cpus
 from components.serving.triton_admin import TritonAdmin
 from components.settings import GateSettings
+from pipelines.live_traffic import LiveTraffic
 from pipelines.stack import EmbeddedStack
 from tests.models import mlp_folder
-from tests.release_helpers import SteadyClient
 
 PLACEMENTS = ("rotating", "fixed", "apart")  # same CPUs, a new group each round / always the same / unpinned
+X = {"x": np.ones((1, 16), np.float32)}  # the input of mlp_folder's MLP (tests/models.py)
 
 
 def log_ratios(candidate: np.ndarray, stable: np.ndarray, c_s: float, s_s: float) -> dict[str, float]:
@@ -75,7 +76,7 @@ def main() -> None:
             for target in targets:
                 for _ in range(WARM_UP_REQUESTS):
                     admin.infer(target.model, X, ["y"], target.version)
-        with SteadyClient([s.http_url for s in stack.replicas], MODEL, X, ["y"]), busy_cpus(args.busy):
+        with LiveTraffic([s.http_url for s in stack.replicas], MODEL, X, ["y"]), busy_cpus(args.busy):
             for i in range(len(PLACEMENTS) * args.rounds):
                 placement, order = PLACEMENTS[i % 3], targets if i % 2 == 0 else targets[::-1]
                 cpus = {"rotating": shared_client_cpus(i // 3), "fixed": shared_client_cpus(0), "apart": None}

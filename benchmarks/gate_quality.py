@@ -47,10 +47,10 @@ from components.repository import ModelRepository
 from components.serving import perf
 from components.serving.triton_admin import TritonAdmin
 from components.settings import GateSettings
+from pipelines.live_traffic import LiveTraffic
 from pipelines.stack import PRODUCTION_PREFIX, EmbeddedStack
 from tests import latency_injection
 from tests.models import mlp_folder, upload_folder
-from tests.release_helpers import SteadyClient
 
 MODEL = "gq"
 
@@ -203,7 +203,7 @@ def main() -> None:
         request = {k[3:]: v[:1] for k, v in golden.items() if k.startswith("in:")}
         outputs = [k[4:] for k in golden if k.startswith("out:")]
         urls = [s.http_url for s in stack.replicas]
-        with SteadyClient(urls, MODEL, request, outputs) as client, busy_cpus(args.busy):
+        with LiveTraffic(urls, MODEL, request, outputs) as client, busy_cpus(args.busy):
             for design in args.designs.split(","):
                 plan = args.injections if design == "duet" else args.alternating_injections
                 settings = dataclasses.replace(gate_settings, design=design)

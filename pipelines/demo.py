@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from components.serving.triton_admin import TritonAdmin
-from pipelines.live_traffic import LiveTraffic
+from pipelines.live_traffic import LIVE_OUTPUTS, LiveTraffic, live_request
 from pipelines.local import LocalRun, run_local
 from pipelines.samples import bert4rec
 from pipelines.stack import EmbeddedStack
@@ -259,7 +259,9 @@ def run_demo(console: Console, workdir: Path | None = None, runner: str = "subpr
             f"{', '.join(s.http_url for s in stack.replicas)}, gate {stack.gate.http_url}"
         )
         status.update("training the recommender on synthetic sessions (three models, v1's first)")
-        clients = LiveTraffic([s.http_url for s in stack.replicas], MODEL, cpus=stack.replica_cpus)
+        clients = LiveTraffic(
+            [s.http_url for s in stack.replicas], MODEL, live_request, LIVE_OUTPUTS, rate_hz=30, cpus=stack.replica_cpus
+        )
         with ExitStack() as live:
             training = Training(console, stack, workdir)
             live.callback(training.close)  # also when a release fails: the training process stops

@@ -1,16 +1,10 @@
-"""Helpers for release tests: run the steps as the pipeline does, and a client that counts answers."""
+"""Helpers for release tests: run the steps as the pipeline does (the live client is pipelines/live_traffic.py)."""
 
 from __future__ import annotations
 
-import os
 import re
-import threading
-import time
 import uuid
-from collections import Counter
 from pathlib import Path
-
-import numpy as np
 
 from components.release.gate import gate
 from components.release.promote import promote
@@ -112,72 +106,3 @@ def release(stack: EmbeddedStack, folder: Path, settings: GateSettings = TEST_GA
         repository(stack), verdict.model, version, replicas(stack), verdict.verdict, stack.gate.http_url, s3=stack.s3
     )
     return version
-
-
-class SteadyClient:
-    """Sends unversioned requests at a steady rate to every replica, recording which version answered.
-    With `expected` (version -> outputs), every answer must be exactly its version's; others are
-    recorded in `mismatches` (an ensemble mixing old and new members would answer neither)."""
-
-    def __init__(
-        self,
-        urls: list[str],
-        model: str,
-        inputs: dict[str, np.ndarray],
-        outputs: list[str],
-        rate_hz: float = 100,
-        expected: dict[int, dict[str, np.ndarray]] | None = None,
-        cpus: list[frozenset[int] | None] | None = None,
-    ):
-        self.urls, self.model, self.inputs, self.outputs = urls, model, inputs, outputs
-        self.period = 1 / rate_hz
-        self.expected = expected
-        self.versions: Counter[int] = Counter()
-        self.failures: list[str] = []
-        self.mismatches: list[tuple[str, int]] = []
-        self.timeline: list[tuple[float, int]] = []
-        self._stop = threading.Event()
-        pinned = cpus or [None] * len(urls)
-        self._threads = [
-            threading.Thread(target=self._run, args=(u, c), daemon=True) for u, c in zip(urls, pinned, strict=True)
-        ]
-
-    def _run(self, url: str, cpus: frozenset[int] | None) -> None:
-        if cpus:  # beside its replica, as pipelines/live_traffic.py says why
-            os.sched_setaffinity(0, cpus)
-        # 30 s: on this 2-core machine the gate's perf_analyzers and backends share the cores with the
-        # production replicas (in a cluster they do not); a request still unanswered then has failed.
-        admin = TritonAdmin(url, timeout=30, retries=1)
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                version, answer = admin.served(self.model, self.inputs, self.outputs)
-                self.versions[version] += 1
-                if self.expected is not None and not _same(answer, self.expected.get(version)):
-                    self.mismatches.append((url, version))
-                self.timeline.append((time.monotonic(), version))
-            except Exception as exc:  # every failure is counted and reported
-                self.failures.append(f"{url}: {exc}")
-            time.sleep(max(0.0, self.period - (time.monotonic() - started)))
-        admin.close()
-
-    def __enter__(self) -> SteadyClient:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=30)
-
-    def versions_before(self, moment: float) -> set[int]:
-        return {v for t, v in list(self.timeline) if t < moment}
-
-    @property
-    def total(self) -> int:
-        return sum(self.versions.values())
-
-
-def _same(answer: dict[str, np.ndarray], expected: dict[str, np.ndarray] | None) -> bool:
-    return expected is not None and all(np.array_equal(answer[k], v) for k, v in expected.items())

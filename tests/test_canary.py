@@ -16,9 +16,10 @@ from components.release.publish import publish
 from components.release.stage import stage
 from components.repository import ModelRepository
 from components.serving.replicas import Replica
+from pipelines.live_traffic import LiveTraffic
 from pipelines.stack import EmbeddedStack
 from tests.models import sequence_folder
-from tests.release_helpers import SteadyClient, install_stable, replicas, repository, unique
+from tests.release_helpers import install_stable, replicas, repository, unique
 
 # Short rounds and a far-off latency limit: tests of the canary's machinery, not of its statistics (which
 # benchmarks/canary_quality.py measures). Rounds of 1 s with a few dozen requests move by tens of percent by
@@ -89,7 +90,7 @@ def _release(stack, tmp_path, candidate: dict, client_hz: float = 40):
     install_stable(stack, sequence_folder(tmp_path, name, seed=1))
     version = _staged(stack, sequence_folder(tmp_path, name, **candidate))
     urls = [s.http_url for s in stack.replicas] if client_hz else []
-    with SteadyClient(
+    with LiveTraffic(
         urls, name, LIVE, ["scores"], rate_hz=client_hz or 1, cpus=stack.replica_cpus[: len(urls)]
     ) as client:
         try:
@@ -188,7 +189,7 @@ def test_a_canary_replica_killed_mid_bake_fails_the_canary_and_every_replica_ser
             stack.restart_triton("prod-0", load_models=[name])  # a new pod: the desired state still names v1
 
     with (
-        SteadyClient(
+        LiveTraffic(
             [s.http_url for s in stack.replicas], name, LIVE, ["scores"], rate_hz=40, cpus=stack.replica_cpus
         ) as client,
         pytest.raises(CanaryRejected, match="the canary prod-0 no longer serves") as info,
@@ -210,7 +211,7 @@ def test_an_ensemble_release_canaries_as_one(tmp_path, stack):
     inputs, _ = load_golden(bundle / name / "1" / "golden.npz")
     request = {"history": inputs["history"][:1]}
     urls = [s.http_url for s in stack.replicas]
-    with SteadyClient(urls, name, request, ["recommended"], rate_hz=40, cpus=stack.replica_cpus) as client:
+    with LiveTraffic(urls, name, request, ["recommended"], rate_hz=40, cpus=stack.replica_cpus) as client:
         result = _promote(stack, name, version)
     canary = result.canary
     assert result.promoted and canary.decision == "pass", canary.reasons

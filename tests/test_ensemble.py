@@ -25,9 +25,10 @@ from components.release.tune import TuneSettings, default_settings, tune
 from components.repository import ModelRepository, candidate_name
 from components.serving.triton_admin import TritonAdmin, TritonError
 from components.settings import Thresholds
+from pipelines.live_traffic import LiveTraffic
 from pipelines.samples import bert4rec, recsys
 from pipelines.samples.bert4rec import build as bert4rec_build
-from tests.release_helpers import ABSOLUTE_GATE, TEST_GATE, SteadyClient, replicas, repository, unique
+from tests.release_helpers import ABSOLUTE_GATE, TEST_GATE, replicas, repository, unique
 
 NAME = "recsys"
 MEMBERS = ["recsys_pre", "recsys_model", "recsys_post"]
@@ -97,7 +98,7 @@ def test_ensemble_release_is_promoted_as_one_with_zero_failed_requests(stack, bu
     assert not np.array_equal(answer_v1, answer_v2)  # the two releases recommend differently
     urls = [s.http_url for s in stack.replicas]
     expected = {v1: {"recommended": answer_v1}, v1 + 1: {"recommended": answer_v2}}
-    with SteadyClient(urls, NAME, {"history": history}, ["recommended"], expected=expected) as client:
+    with LiveTraffic(urls, NAME, {"history": history}, ["recommended"], expected=expected) as client:
         v2, staged, verdict = _release(stack, bundles["v2"], THROUGH_THE_STABLE, "ens-2")
         assert v2 == v1 + 1 and staged.accuracy_passed and verdict.verdict == "pass", verdict.reasons
         assert verdict.stable_version == v1 and verdict.stable.throughput  # measured through the stable ensemble

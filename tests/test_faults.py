@@ -28,9 +28,10 @@ from components.release.stage import stage
 from components.repository import ModelRepository, candidate_name
 from components.s3 import S3Error, S3Settings
 from components.serving.triton_admin import TritonAdmin
+from pipelines.live_traffic import LiveTraffic
 from pipelines.stack import EmbeddedStack
 from tests.models import mlp_folder
-from tests.release_helpers import ABSOLUTE_GATE, SteadyClient, install_stable, replicas, unique
+from tests.release_helpers import ABSOLUTE_GATE, install_stable, replicas, unique
 
 X = {"x": np.ones((1, 16), np.float32)}
 
@@ -153,7 +154,7 @@ def test_s3_lost_half_way_through_a_promotion_fails_no_request_and_reconcile_con
         if what == "switched" and replica.name == "prod-0":  # the desired state names v2; prod-1 still serves v1
             stack.s3_switch.cut()
 
-    with SteadyClient([s.http_url for s in stack.replicas], name, X, ["y"]) as client:
+    with LiveTraffic([s.http_url for s in stack.replicas], name, X, ["y"]) as client:
         try:
             with pytest.raises(PartialRevert, match="failed and could not be reverted to v1") as info:
                 promote(
@@ -224,7 +225,7 @@ def test_production_triton_killed_and_restarted_during_promotion(tmp_path, stack
             stack.triton("prod-1").process.kill()
             stack.restart_triton("prod-1", load_models=[name])  # a new pod: loads the desired state from S3
 
-    with SteadyClient([stack.replicas[0].http_url], name, X, ["y"]) as client:
+    with LiveTraffic([stack.replicas[0].http_url], name, X, ["y"]) as client:
         result = promote(
             f"s3://{stack.bucket}",
             name,

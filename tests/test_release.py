@@ -16,12 +16,12 @@ from components.release.gate import gate
 from components.release.promote import PartialRevert, PromotionError, promote, reject
 from components.repository import ModelRepository, candidate_name
 from components.serving.triton_admin import TritonAdmin
+from pipelines.live_traffic import LiveTraffic
 from pipelines.processes import free_port
 from tests.models import mlp_folder
 from tests.release_helpers import (
     ABSOLUTE_GATE,
     TEST_GATE,
-    SteadyClient,
     install_stable,
     release,
     replicas,
@@ -51,7 +51,7 @@ def test_equal_candidate_passes_is_promoted_with_zero_failed_requests_and_surviv
     assert _served(stack, name) == [1, 1]
     repo = ModelRepository(repository(stack), stack.s3)
 
-    with SteadyClient([s.http_url for s in stack.replicas], name, X, ["y"]) as client:
+    with LiveTraffic([s.http_url for s in stack.replicas], name, X, ["y"]) as client:
         version, staged, verdict = stage_and_gate(stack, _folder(tmp_path, name, "v2"), out=tmp_path / "gate")
         assert staged.accuracy_passed and verdict.verdict == "pass", verdict.reasons
         promotion_started = time.monotonic()
@@ -80,7 +80,7 @@ def test_slow_candidate_fails_the_gate_is_rejected_and_stable_keeps_serving(tmp_
     install_stable(stack, _folder(tmp_path, name, "v1"))
     # About twice the stable numpy MLP's median latency here (~0.5 ms): the candidate is 3x as slow.
     slow = _folder(tmp_path, name, "slow", delay_us=1000)
-    with SteadyClient([s.http_url for s in stack.replicas], name, X, ["y"]) as client:
+    with LiveTraffic([s.http_url for s in stack.replicas], name, X, ["y"]) as client:
         version, staged, verdict = stage_and_gate(stack, slow)
         assert staged.accuracy_passed
         assert verdict.verdict == "fail", verdict.reasons

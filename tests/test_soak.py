@@ -16,8 +16,9 @@ from components.release.stage import stage
 from components.repository import ModelRepository
 from components.serving.triton_admin import TritonAdmin
 from components.settings import GateSettings, Thresholds
+from pipelines.live_traffic import LiveTraffic
 from tests.models import mlp_folder
-from tests.release_helpers import SteadyClient, replicas, unique
+from tests.release_helpers import replicas, unique
 
 RELEASES = 9
 KEEP = 3
@@ -96,7 +97,7 @@ def test_nine_releases_with_clients_running(tmp_path, stack):
         expected_history.extend([("published", version), ("staged", version), ("gate", version), (outcome, version)])
 
     release(0)  # the stable version the client starts on
-    with SteadyClient([s.http_url for s in stack.replicas], name, X, ["y"], rate_hz=50) as client:
+    with LiveTraffic([s.http_url for s in stack.replicas], name, X, ["y"], rate_hz=50) as client:
         for i in range(1, RELEASES + 1):
             release(i)
             if i % 3 == 0:  # retention under load: Triton downloads every version folder on each load
