@@ -30,6 +30,10 @@ a revert (the default) or a promotion.
 
 A canary replica whose metrics do not answer, that no longer serves the candidate, or whose counters went
 back (it restarted) fails the canary at once with that reason; a stable replica's reset only loses the round.
+
+`bake` reads the time and waits through a `Clock` (the system's monotonic clock by default) and takes its
+rounds from a `RoundSource` (by default `_rounds`, which reads the replicas' metrics every `round_s`):
+tests/test_canary_decisions.py replays recorded rounds on a clock that moves only when slept on.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -51,6 +56,22 @@ from components.serving.replicas import Replica
 LOG = log.get("canary")
 Progress = Callable[[str], None]
 NO_LATENCY_MS = 1e6
+
+
+class Clock(Protocol):
+    """Where the canary reads the time (seconds, monotonic) and waits."""
+
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
 
 
 class CanaryFault(TritonshipError):
@@ -108,6 +129,10 @@ class Watch:
         return Watch(self.model, self.stable, self.stable, {n: (old, old) for n, (_, old) in self.members.items()})
 
 
+# the replicas serving a watch's versions -> every round, its figures as `_round` gives them (never ending by itself)
+RoundSource = Callable[[Watch], Iterator[dict]]
+
+
 def bake(
     watch: Watch,
     canary: list[Replica],
@@ -115,9 +140,18 @@ def bake(
     settings: CanarySettings,
     switch: Callable[[], None],
     progress: Progress | None = None,
+    clock: Clock | None = None,
+    rounds: RoundSource | None = None,
 ) -> CanaryResult:
     """Compare the `canary` replicas with the `baseline` ones while all serve the stable version, call `switch`
-    (which loads the candidate on the canary replicas), then measure them until the canary decides."""
+    (which loads the candidate on the canary replicas), then measure them until the canary decides. `rounds`
+    gives the rounds' figures (by default from the replicas' metrics, a round every `round_s` of `clock`)."""
+    clock = clock or SystemClock()
+
+    def live(versions: Watch) -> Iterator[dict]:
+        return _rounds(versions, canary, baseline, settings, clock)
+
+    source = rounds or live
     result = CanaryResult(
         watch.model,
         watch.candidate,
@@ -128,25 +162,27 @@ def bake(
         baseline_replicas=[r.name for r in baseline],
         settings=asdict(settings),
     )
-    started = time.monotonic()
+    started = clock.now()
     try:
-        reference = _calibrate(watch.unswitched(), canary, baseline, settings, result, progress)
+        reference = _calibrate(source(watch.unswitched()), settings, result, progress, clock)
         if len(reference) >= settings.min_rounds:
             switch()
-            _bake(watch, canary, baseline, settings, reference, result, progress)
+            _bake(source(watch), settings, reference, result, progress, clock)
     except CanaryFault as exc:
         result.decision, result.reasons, result.stopped = "fail", [str(exc)], "the canary could not be measured"
-    result.seconds = time.monotonic() - started
+    result.seconds = clock.now() - started
     log.event(LOG, "canary decided", model=watch.model, version=watch.candidate, decision=result.decision)
     return result
 
 
-def _rounds(watch: Watch, canary: list[Replica], baseline: list[Replica], settings: CanarySettings) -> Iterator[dict]:
+def _rounds(
+    watch: Watch, canary: list[Replica], baseline: list[Replica], settings: CanarySettings, clock: Clock
+) -> Iterator[dict]:
     """Every `round_s` seconds, the round's figures per side; CanaryFault when the canary cannot be measured."""
     before = _read(canary + baseline)
     _check_canary(watch, canary, before, before)
     while True:
-        time.sleep(settings.round_s)
+        clock.sleep(settings.round_s)
         after = _read(canary + baseline)
         _check_canary(watch, canary, before, after)
         yield _round(watch, canary, baseline, before, after, settings)
@@ -154,21 +190,16 @@ def _rounds(watch: Watch, canary: list[Replica], baseline: list[Replica], settin
 
 
 def _calibrate(
-    watch: Watch,
-    canary: list[Replica],
-    baseline: list[Replica],
-    settings: CanarySettings,
-    result: CanaryResult,
-    progress: Progress | None,
+    rounds: Iterator[dict], settings: CanarySettings, result: CanaryResult, progress: Progress | None, clock: Clock
 ) -> list[tuple[Side, Side]]:
     """`min_rounds` counted rounds before the switch (within `max_bake_s`): how the canary replicas compare with
     the others when both serve the stable version. Replicas differ on their own (another node, another core)."""
-    started, counted = time.monotonic(), []
-    for figures in _rounds(watch, canary, baseline, settings):
+    started, counted = clock.now(), []
+    for figures in rounds:
         result.calibration.append(figures)
         if figures["counted"]:
             counted.append((Side(**figures["canary"]), Side(**figures["baseline"])))
-        elapsed = time.monotonic() - started
+        elapsed = clock.now() - started
         if progress:
             progress(f"canary before the switch, round {len(result.calibration)}: {len(counted)} counted")
         if len(counted) >= settings.min_rounds:
@@ -180,27 +211,26 @@ def _calibrate(
             ]
             result.stopped = "nothing was switched: the replicas could not be compared"
             return counted
-    raise AssertionError("unreachable")  # _rounds never ends by itself
+    raise AssertionError("unreachable")  # a RoundSource never ends by itself
 
 
 def _bake(
-    watch: Watch,
-    canary: list[Replica],
-    baseline: list[Replica],
+    rounds: Iterator[dict],
     settings: CanarySettings,
     reference: list[tuple[Side, Side]],
     result: CanaryResult,
     progress: Progress | None,
+    clock: Clock,
 ) -> None:
-    started, counted = time.monotonic(), []
-    for figures in _rounds(watch, canary, baseline, settings):
+    started, counted = clock.now(), []
+    for figures in rounds:
         result.rounds.append(figures)
         if len(result.rounds) == 1:  # a freshly loaded version meets each new input shape for the first time
             figures["counted"], figures["note"] = False, "warm-up: the first round after the switch is not counted"
         if figures["counted"]:
             counted.append((Side(**figures["canary"]), Side(**figures["baseline"])))
         result.counted_rounds = len(counted)
-        elapsed = time.monotonic() - started
+        elapsed = clock.now() - started
         if progress:
             progress(f"canary round {len(result.rounds)}: {len(counted)} counted, {elapsed:.0f} s")
         if len(counted) >= settings.min_rounds:
