@@ -1,45 +1,38 @@
 """Promote and reject steps.
 
-Promote (only on a `pass` verdict):
-1. copy the staged candidate into the production folder server-side (manifest re-verified);
-2. write the new desired state: config.pbtxt pinned to the new version, replaced atomically only if
-   it is still the config this promotion read (ETag);
-3. reload the production replicas one at a time with that config through the load API, wait until
-   the new version is ready, send a smoke inference (unversioned, as clients do) and check that the
-   new version answered correctly; then the next replica;
-4. if any replica fails: write the previous desired state back, reload every replica to it, fail;
-5. unload the candidate from the gate server.
+Promote (only on a `pass` verdict) runs in four phases, each recorded in S3 before it starts
+(root/promotions/<model>.json, components/repository/promotions.py):
+1. **copy**: the staged candidate is copied into the production folder server-side (manifest re-verified);
+2. **canary** (components/release/canary.py): the first replicas are compared with the others on live traffic
+   while all serve the stable version, then switched and measured against them again. The desired state still
+   names the stable version, so a pod restarting meanwhile comes up on it;
+3. **roll**: the new desired state is written (config.pbtxt pinned to the new version, replaced only if it is
+   still the config this promotion read: ETag), then every replica not yet switched is reloaded with it, one
+   at a time, each checked with a smoke inference (components/release/rollout.py);
+4. **finish**: an ensemble's members' desired configs drop the old version, the history records the
+   promotion, the record is deleted, and the candidate leaves the gate server.
 
-With a canary (components/release/canary.py) the first replicas are compared with the others on live
-traffic while all still serve the stable version, then switched before step 2 and measured against them
-again; the desired state changes only once the canary passes, so a pod restarting during the bake comes
-up on the stable version. A canary that fails reverts the switched replicas.
-
-An ensemble release (components/model/ensemble.py) does the same for its members and the ensemble together:
-members' version N is loaded beside the old one, the ensemble is reloaded pinned to N in one step,
-then the old members are unloaded; the members' desired configs keep both versions until every
-replica runs the new ensemble, so a pod restarting meanwhile always finds the members its config runs.
-
-Triton swaps a model's versions without failing requests when it is reloaded with a config override
-(docs/design.md section 3): the old version serves until the new one is ready.
+Any failure, and SIGTERM or SIGINT in any phase (components/release/cancel.py), writes the previous desired
+state back and reloads every replica to it; the history says why. A run killed outright (SIGKILL) leaves its
+record, which `reconcile` and the pipeline's exit handler settle (components/release/reconcile.py).
 
 Reject: unload the candidate from the gate, leave production untouched, record the verdict.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from components import log
 from components.errors import TritonshipError
 from components.model import ensemble, model_config
-from components.model.parity import parity_table
 from components.release.canary import CanaryFailed, Watch, bake, canary_count, decide
 from components.release.canary_settings import CanarySettings
-from components.release.results import CanaryResult, PromoteResult, ReplicaOutcome
-from components.release.stage import CandidateVersion, read_candidate, served_accuracy
+from components.release.cancel import Cancelled, cancellable, shielded
+from components.release.results import CanaryResult, PromoteResult
+from components.release.rollout import PromotionError, Release, revert, switch_replica
+from components.release.stage import read_candidate
 from components.repository import ModelRepository, candidate_name, lease_owner
 from components.s3 import S3Error, S3Settings
 from components.serving.replicas import Replica
@@ -49,69 +42,23 @@ from components.settings import DEFAULT_LOAD_TIMEOUT_S
 LOG = log.get("promote")
 Progress = Callable[[str, Replica], None]
 
-
-class PromotionError(TritonshipError):
-    """The promotion failed and every replica was brought back to the previous version."""
-
-    exit_code = 1
-
-    def __init__(self, message: str, result: PromoteResult | None = None) -> None:
-        super().__init__(message)
-        self.result = result
+__all__ = ["CanaryRejected", "PartialRevert", "PromotionCancelled", "PromotionError", "promote", "reject"]
 
 
 class CanaryRejected(PromotionError):
     """The canary failed on live traffic (or stayed undecided) and every replica is back on the stable version."""
 
 
+class PromotionCancelled(PromotionError):
+    """SIGTERM or SIGINT stopped the promotion and every replica is back on the stable version."""
+
+    exit_code = Cancelled.exit_code
+
+
 class PartialRevert(PromotionError):
     """The promotion failed and at least one replica could not be brought back: run the reconcile it names."""
 
     exit_code = 4
-
-
-@dataclass
-class Release:
-    """What one promotion loads: the entry point's config and, for an ensemble, its members' configs
-    (pinned to the new version alone, and beside the old one while the ensemble switches)."""
-
-    candidate: CandidateVersion
-    config: model_config.ModelConfig
-    members: dict[str, model_config.ModelConfig]
-    old_members: int | None  # the member version the previous ensemble runs
-
-    def members_beside_old(self) -> list[model_config.ModelConfig]:
-        old = [self.old_members] if self.old_members is not None else []
-        return [model_config.pin_version(c, *old, self.candidate.version) for c in self.members.values()]
-
-    def members_old_only(self) -> list[model_config.ModelConfig]:
-        return (
-            [model_config.pin_version(c, self.old_members) for c in self.members.values()] if self.old_members else []
-        )
-
-
-def _switch(admin: TritonAdmin, release: Release) -> float:
-    """Reload one replica to the new version, check an unversioned answer comes from it and is right.
-    An ensemble: new members beside the old, then the ensemble pinned to them in one reload, then the old
-    members out; no request runs a mix. Returns the seconds Triton took to load."""
-    candidate, version = release.candidate, release.candidate.version
-    started = time.monotonic()
-    for member in release.members_beside_old():
-        admin.load(member.name, member)
-        admin.wait_ready(member.name, version)
-    admin.load(candidate.model, release.config)
-    admin.wait_ready(candidate.model, version)
-    load_seconds = time.monotonic() - started
-    for member in release.members.values():
-        admin.load(member.name, member)
-    first = {k: v[:1] for k, v in candidate.golden_inputs.items()}
-    served, _ = admin.served(candidate.model, first, candidate.output_names, after_load=True)
-    if served != version:
-        raise PromotionError(f"{admin.url} answered an unversioned request with v{served}, expected v{version}.")
-    accuracy = served_accuracy(admin, candidate.model, candidate, version, release.config.max_batch_size)
-    if not all(r.passed for r in accuracy):
-        raise PromotionError(f"{admin.url} serves v{version} with wrong answers:\n{parity_table(accuracy)}")
-    return load_seconds
 
 
 def promote(
@@ -139,227 +86,224 @@ def promote(
         raise PromotionError("no production replicas were given; nothing would serve the new version.")
     repo = ModelRepository(repository, s3)
     owner = lease_owner(run_id, model, version)
-    repo.acquire_lease(model, owner)  # renews our lease; refuses if another release holds the model
-    try:
-        return _promote(repo, model, version, replicas, gate_url, settings, run_id, progress, load_timeout, canary)
-    finally:
+    with cancellable():
+        repo.acquire_lease(model, owner)  # renews our lease; refuses if another release holds the model
         try:
-            repo.release_lease(model, owner)
-        except S3Error as exc:  # never hide the promotion's own outcome; the lease expires by itself
-            log.event(LOG, "lease not released", model=model, reason=str(exc), level=30)
-
-
-def _promote(
-    repo: ModelRepository,
-    model: str,
-    version: int,
-    replicas: list[Replica],
-    gate_url: str | None,
-    settings: model_config.ServingSettings | None,
-    run_id: str,
-    progress: Progress | None,
-    load_timeout: float,
-    canary: CanarySettings | None,
-) -> PromoteResult:
-    candidate = read_candidate(repo, model, version)
-    previous, etag = repo.desired_config(model)
-    previous_version = previous.version_policy.specific.versions[0] if previous else None
-    admins = [TritonAdmin(r.url, load_timeout=load_timeout) for r in replicas]
-    for admin in admins:
-        admin.ensure_live()  # before anything changes: an unreachable replica stops the promotion here
-
-    for name in [*candidate.members, model]:
-        repo.copy_to_production(name, version)
-    configs = candidate.production_configs()
-    config = configs.pop(model)
-    if settings is not None and candidate.members:
-        config, configs = ensemble.with_serving_settings(config, configs, settings)
-    elif settings is not None:
-        config = model_config.with_settings(config, settings)
-    old_members = ensemble.pinned_member_version(previous) if previous and candidate.members else None
-    release = Release(candidate, config, configs, old_members)
-    result = PromoteResult(model, version, previous_version, [r.url for r in replicas], promoted=False)
-    first, skipped = canary_count(canary, replicas, previous_version)
-    if skipped:
-        result.canary = CanaryResult(model, version, previous_version, "skipped", [skipped])
-        log.event(LOG, "canary skipped", model=model, reason=skipped, level=30)
-    member_state: dict[str, tuple[model_config.ModelConfig | None, str | None]] = {}
-    member_etags: dict[str, str] = {}
-    new_etag: str | None = None  # set once the desired state names the new version
-    switched: list[int] = []  # indexes of the replicas that serve the new version
-
-    def switch(indexes: range) -> None:
-        for i in indexes:
-            result.load_seconds.append(_switch_one(repo, replicas[i], admins[i], release, progress))
-            switched.append(i)
-
-    try:
-        if first:
-            assert canary is not None and previous_version is not None
-            watch = Watch(model, version, previous_version, dict.fromkeys(configs, (version, old_members)))
-            result.canary = bake(
-                watch,
-                replicas[:first],
-                replicas[first:],
-                canary,
-                lambda: switch(range(first)),
-                lambda what: progress(what, replicas[0]) if progress else None,
-            )
-            decide(result.canary, canary)
-        # Desired state for pods that restart meanwhile: members keep the old version beside the new one
-        # until every replica runs the new ensemble, so any ensemble config finds its members.
-        member_state = {name: repo.desired_config(name) for name in configs}
-        member_etags = {
-            m.name: repo.write_desired_config(m.name, m, member_state[m.name][1]) for m in release.members_beside_old()
-        }
-        new_etag = repo.write_desired_config(model, config, etag)
-        switch(range(len(switched), len(replicas)))  # an inconclusive canary may go on before any switch
-    except TritonshipError as exc:
-        result.problems.append(str(exc))
-        _revert(repo, release, admins, previous, new_etag, member_state, member_etags, result)
-        try:
-            repo.record(
-                model,
-                "reverted",
-                version,
-                run_id,
-                previous_version=previous_version,
-                complete=result.reverted,
-                replicas=[asdict(state) for state in result.after_revert],
-                problems=result.problems,
-                canary=result.canary.to_dict() if result.canary else None,
-            )
-        except S3Error as record_error:
-            result.problems.append(f"the history event could not be written ({record_error})")
-        stable = f"v{previous_version}" if previous_version else "no version"
-        if result.reverted and isinstance(exc, CanaryFailed):
-            raise CanaryRejected(f"{exc} Every replica was reverted to {stable}.", result) from None
-        if result.reverted:
-            raise PromotionError(
-                f"promotion of {model} v{version} failed and every replica was reverted to {stable}: "
-                f"{'; '.join(result.problems)}",
-                result,
-            ) from None
-        raise PartialRevert(
-            f"promotion of {model} v{version} failed and could not be reverted to {stable} "
-            f"({', '.join(s.describe() for s in result.after_revert)}): {'; '.join(result.problems)}; "
-            "once S3 and every replica answer, run "
-            f"`tritonship reconcile -r {repo.uri} -m {model} --replicas {','.join(r.url for r in replicas)}`",
-            result,
-        ) from None
-    finally:
-        for admin in admins:
-            admin.close()
-    result.promoted = True
-    try:
-        for name, member_config in configs.items():  # every replica runs the new members only now
-            repo.write_desired_config(name, member_config, member_etags[name])
-        repo.record(
-            model,
-            "promoted",
-            version,
-            run_id,
-            previous_version=previous_version,
-            replicas=result.replicas,
-            members=dict.fromkeys(configs, version),
-            canary=result.canary.to_dict() if result.canary else None,
-        )
-    except S3Error as exc:
-        raise PromotionError(
-            f"{model} v{version} is promoted (every replica serves it and S3 names it) but the last write to S3 "
-            f"(history{' or member configs' if configs else ''}) failed ({exc}); re-run this promote step to finish it."
-        ) from None
+            promotion = Promotion(repo, model, version, replicas, run_id, progress, load_timeout, canary)
+            result = promotion.run(settings)
+        finally:
+            with shielded():
+                try:
+                    repo.release_lease(model, owner)
+                except S3Error as exc:  # never hide the promotion's own outcome; the lease expires by itself
+                    log.event(LOG, "lease not released", model=model, reason=str(exc), level=30)
     if gate_url:
         unload_candidate(gate_url, model)
-    log.event(LOG, "promoted", model=model, version=version, previous=previous_version, replicas=len(replicas))
     return result
 
 
-def _switch_one(
-    repo: ModelRepository, replica: Replica, admin: TritonAdmin, release: Release, progress: Progress | None
-) -> float:
-    if progress:
-        progress("switching", replica)
-    # Triton holds a model's requests while a load of it polls an unreachable S3 (about 25 s),
-    # so S3 is checked just before each load: an outage then stops the promotion, not the clients.
-    repo.manifest(release.candidate.model, release.candidate.version, staged=False)
-    seconds = _switch(admin, release)
-    log.event(LOG, "replica switched", replica=replica.name, version=release.candidate.version)
-    if progress:
-        progress("switched", replica)
-    return seconds
+class Promotion:
+    """One promotion's state through its phases; `run` returns the result or raises a PromotionError after
+    putting every replica back on the stable version."""
 
+    def __init__(
+        self,
+        repo: ModelRepository,
+        model: str,
+        version: int,
+        replicas: list[Replica],
+        run_id: str,
+        progress: Progress | None,
+        load_timeout: float,
+        canary: CanarySettings | None,
+    ) -> None:
+        self.repo, self.model, self.version, self.replicas = repo, model, version, replicas
+        self.run_id, self.progress, self.canary = run_id, progress, canary
+        self.candidate = read_candidate(repo, model, version)
+        self.previous, self.etag = repo.desired_config(model)
+        self.previous_version = self.previous.version_policy.specific.versions[0] if self.previous else None
+        self.admins = [TritonAdmin(r.url, load_timeout=load_timeout) for r in replicas]
+        self.result = PromoteResult(model, version, self.previous_version, [r.url for r in replicas], promoted=False)
+        self.phase = ""
+        self.switched: list[int] = []  # indexes of the replicas that serve the new version
+        self.desired_etags: dict[str, str] = {}  # desired configs this promotion wrote, to put back on a revert
+        self.member_previous: dict[str, model_config.ModelConfig | None] = {}
+        self.release: Release | None = None
 
-def _revert(
-    repo: ModelRepository,
-    release: Release,
-    admins: list[TritonAdmin],
-    previous: model_config.ModelConfig | None,
-    new_etag: str | None,
-    member_state: dict[str, tuple[model_config.ModelConfig | None, str | None]],
-    member_etags: dict[str, str],
-    result: PromoteResult,
-) -> None:
-    """Desired state first (so restarted pods come up right), then every replica not already back on stable.
-
-    Without S3 neither can be done (a Triton load would fail after holding requests): the replicas are
-    left as they are. `result.reverted` is true only when S3 and every replica, asked afterwards, are back."""
-    candidate = release.candidate
-    model = candidate.model
-    stable_versions = previous.version_policy.specific.versions if previous else []
-    try:
-        if new_etag is not None:  # a canary that failed left the desired state as it was
-            _write_or_delete(repo, model, previous, new_etag)
-            for name, (member_previous, _etag) in member_state.items():
-                _write_or_delete(repo, name, member_previous, member_etags[name])
-    except S3Error as exc:
-        result.after_revert = [_state(admin, model, candidate.version, stable_versions) for admin in admins]
-        result.problems.append(
-            f"S3 could not be written to revert the desired state, which still names v{candidate.version} ({exc}); "
-            "the replicas were left as they are"
-        )
-        log.event(LOG, "not reverted", model=model, version=candidate.version, level=40)
-        return  # result.reverted stays False: S3 still names the candidate
-    for admin in admins:
+    def run(self, settings: model_config.ServingSettings | None) -> PromoteResult:
+        for admin in self.admins:
+            admin.ensure_live()  # before anything changes: an unreachable replica stops the promotion here
+        unrecorded: S3Error | None = None
         try:
-            if previous is None:
-                admin.unload_with_members(model)
-                continue
-            stable = previous.version_policy.specific.versions[0]
-            if admin.is_ready(model, stable) and not admin.is_ready(model, candidate.version):
-                continue  # never switched, or its load failed and Triton kept the stable version
-            for member in release.members_beside_old():
-                admin.load(member.name, member)
-            admin.load(model, previous)
-            admin.wait_ready(model, stable)
-            for member in release.members_old_only():
-                admin.load(member.name, member)
+            self._enter("copy")
+            self.release = self._copy(settings)
+            first, skipped = canary_count(self.canary, self.replicas, self.previous_version)
+            if skipped:
+                self.result.canary = CanaryResult(self.model, self.version, self.previous_version, "skipped", [skipped])
+                log.event(LOG, "canary skipped", model=self.model, reason=skipped, level=30)
+            if first:
+                self._enter("canary")
+                self._bake(first)
+            self._enter("roll")
+            self._roll()
+            self._enter("finish")
+            unrecorded = self._finish()
         except TritonshipError as exc:
-            result.problems.append(f"revert of {admin.url}: {exc}")
-    result.after_revert = [_state(admin, model, candidate.version, stable_versions) for admin in admins]
-    result.reverted = all(state.reverted for state in result.after_revert)
-    log.event(
-        LOG,
-        "reverted" if result.reverted else "partly reverted",
-        model=model,
-        version=candidate.version,
-        level=30 if result.reverted else 40,
-    )
+            with shielded():
+                self._fail(exc)
+        finally:
+            for admin in self.admins:
+                admin.close()
+        self.result.promoted = True
+        if unrecorded is not None:
+            raise PromotionError(
+                f"{self.model} v{self.version} is promoted (every replica serves it and S3 names it) but the last "
+                f"write to S3 (history or member configs) failed ({unrecorded}); re-run this promote step to finish it."
+            )
+        log.event(LOG, "promoted", model=self.model, version=self.version, previous=self.previous_version)
+        return self.result
 
+    def _enter(self, phase: str) -> None:
+        self.phase = phase
+        self.repo.write_promotion(
+            self.model,
+            {
+                "run_id": self.run_id,
+                "version": self.version,
+                "previous_version": self.previous_version,
+                "phase": phase,
+                "replicas": [r.url for r in self.replicas],
+            },
+        )
+        log.event(LOG, "phase", model=self.model, version=self.version, phase=phase)
+        if self.progress:
+            self.progress(f"{phase} phase", self.replicas[0])
 
-def _state(admin: TritonAdmin, model: str, candidate: int, stable: list[int]) -> ReplicaOutcome:
-    try:
-        serving = [v for v in (candidate, *stable) if admin.is_ready(model, v)]
-    except TritonshipError:
-        return ReplicaOutcome(admin.url, None, False)
-    return ReplicaOutcome(admin.url, serving, candidate not in serving and all(v in serving for v in stable))
+    def _copy(self, settings: model_config.ServingSettings | None) -> Release:
+        for name in [*self.candidate.members, self.model]:
+            self.repo.copy_to_production(name, self.version)
+        configs = self.candidate.production_configs()
+        config = configs.pop(self.model)
+        if settings is not None and self.candidate.members:
+            config, configs = ensemble.with_serving_settings(config, configs, settings)
+        elif settings is not None:
+            config = model_config.with_settings(config, settings)
+        old_members = (
+            ensemble.pinned_member_version(self.previous) if self.previous and self.candidate.members else None
+        )
+        return Release(self.candidate, config, configs, old_members)
 
+    def _bake(self, first: int) -> None:
+        assert self.canary is not None and self.previous_version is not None and self.release is not None
+        members = dict.fromkeys(self.release.members, (self.version, self.release.old_members))
+        self.result.canary = bake(
+            Watch(self.model, self.version, self.previous_version, members),
+            self.replicas[:first],
+            self.replicas[first:],
+            self.canary,
+            lambda: self._switch(range(first)),
+            lambda what: self.progress(what, self.replicas[0]) if self.progress else None,
+        )
+        decide(self.result.canary, self.canary)
 
-def _write_or_delete(repo: ModelRepository, model: str, config: model_config.ModelConfig | None, etag: str) -> None:
-    if config is not None:
-        repo.write_desired_config(model, config, etag)
-    else:
-        repo.delete_desired_config(model)
+    def _roll(self) -> None:
+        """The desired state for pods that restart meanwhile, then every replica not yet switched. An ensemble's
+        members keep the old version beside the new one until every replica runs the new ensemble, so any
+        ensemble config finds its members."""
+        assert self.release is not None
+        for member in self.release.members_beside_old():
+            self.member_previous[member.name], etag = self.repo.desired_config(member.name)
+            self.desired_etags[member.name] = self.repo.write_desired_config(member.name, member, etag)
+        self.desired_etags[self.model] = self.repo.write_desired_config(self.model, self.release.config, self.etag)
+        self._switch(range(len(self.switched), len(self.replicas)))  # an inconclusive canary may go on unswitched
+
+    def _switch(self, indexes: range) -> None:
+        assert self.release is not None
+        for i in indexes:
+            if self.progress:
+                self.progress("switching", self.replicas[i])
+            self.result.load_seconds.append(switch_replica(self.repo, self.replicas[i], self.admins[i], self.release))
+            self.switched.append(i)
+            if self.progress:
+                self.progress("switched", self.replicas[i])
+
+    def _finish(self) -> S3Error | None:
+        """Every replica runs the new members only now. An S3 failure here leaves every replica on the new
+        version and S3 naming it: returned, for `run` to say so (re-running promote records it)."""
+        assert self.release is not None
+        try:
+            for name, member_config in self.release.members.items():
+                self.desired_etags[name] = self.repo.write_desired_config(
+                    name, member_config, self.desired_etags[name]
+                )
+            self.repo.record(
+                self.model,
+                "promoted",
+                self.version,
+                self.run_id,
+                previous_version=self.previous_version,
+                replicas=self.result.replicas,
+                members=dict.fromkeys(self.release.members, self.version),
+                canary=self.result.canary.to_dict() if self.result.canary else None,
+            )
+            self.repo.clear_promotion(self.model)
+        except S3Error as exc:
+            return exc
+        return None
+
+    def _fail(self, exc: TritonshipError) -> None:
+        """Put every replica back on the stable version, record why, and raise the error that says so."""
+        stopped = f"stopped by {exc.signal_name} in its {self.phase} phase" if isinstance(exc, Cancelled) else ""
+        self.result.problems.append(stopped or str(exc))
+        if self.release is not None:
+            etags = dict(sorted(self.desired_etags.items(), key=lambda item: item[0] != self.model))  # model first
+            self.result.after_revert, problems = revert(
+                self.repo, self.release, self.admins, self.previous, etags, self.member_previous
+            )
+            self.result.problems += problems
+            self.result.reverted = all(state.reverted for state in self.result.after_revert)
+        else:  # stopped while copying: nothing was loaded or written anywhere a replica reads
+            self.result.reverted = True
+        log.event(LOG, "reverted" if self.result.reverted else "partly reverted", model=self.model, level=30)
+        try:
+            self.repo.record(
+                self.model,
+                "reverted",
+                self.version,
+                self.run_id,
+                previous_version=self.previous_version,
+                phase=self.phase,
+                complete=self.result.reverted,
+                replicas=[asdict(state) for state in self.result.after_revert],
+                problems=self.result.problems,
+                canary=self.result.canary.to_dict() if self.result.canary else None,
+            )
+            if self.result.reverted:
+                self.repo.clear_promotion(self.model)
+        except S3Error as record_error:
+            self.result.problems.append(f"the history event could not be written ({record_error})")
+        stable = f"v{self.previous_version}" if self.previous_version else "no version"
+        what = f"{self.model} v{self.version}"
+        if self.result.reverted and isinstance(exc, Cancelled):
+            raise PromotionCancelled(
+                f"the promotion of {what} was {stopped}; every replica was reverted to {stable}.", self.result
+            ) from None
+        if self.result.reverted and isinstance(exc, CanaryFailed):
+            raise CanaryRejected(f"{exc} Every replica was reverted to {stable}.", self.result) from None
+        if self.result.reverted:
+            raise PromotionError(
+                f"promotion of {what} failed and every replica was reverted to {stable}: "
+                f"{'; '.join(self.result.problems)}",
+                self.result,
+            ) from None
+        urls = ",".join(r.url for r in self.replicas)
+        raise PartialRevert(
+            f"promotion of {what} failed and could not be reverted to {stable} "
+            f"({', '.join(s.describe() for s in self.result.after_revert)}): {'; '.join(self.result.problems)}; "
+            f"once S3 and every replica answer, run `tritonship reconcile -r {self.repo.uri} -m {self.model} "
+            f"--replicas {urls}`",
+            self.result,
+        ) from None
 
 
 def unload_candidate(gate_url: str, model: str) -> bool:

@@ -1,8 +1,16 @@
 """Reconcile: make every production replica serve the desired state in S3 (for an operator after an
-incident: a replica restarted without --load-model, a promotion interrupted half-way, a manual load).
+incident: a replica restarted without --load-model, a promotion killed half-way, a manual load).
 
 An ensemble's desired state includes its members': they are checked and loaded before it, since its
-steps are pinned to member versions that must be loaded for the ensemble to load."""
+steps are pinned to member versions that must be loaded for the ensemble to load.
+
+A promotion that was killed (SIGKILL, a lost node) leaves its in-progress record
+(components/repository/promotions.py). Reconcile settles it by its phase: killed while copying or in the
+canary, the desired state still names the stable version, so every replica goes back to it and the history
+records the revert; killed while rolling or finishing, the desired state names the new version (its canary
+passed), so every replica goes on to it, an ensemble's members drop their old version, and the history records
+the promotion. Either way the record is deleted and the dead run's release lease given back. The pipeline's
+exit handler does the same for its own run."""
 
 from __future__ import annotations
 
@@ -11,8 +19,8 @@ from dataclasses import dataclass
 from components import log
 from components.errors import TritonshipError
 from components.model.ensemble import member_names
-from components.model.model_config import ModelConfig
-from components.repository import ModelRepository
+from components.model.model_config import ModelConfig, pin_version
+from components.repository import PHASES_BEFORE_DESIRED_STATE, ModelRepository, lease_owner
 from components.s3 import S3Settings
 from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
@@ -26,11 +34,11 @@ class ReplicaState:
     model: str
     desired: tuple[int, ...]
     serving: tuple[int, ...]  # ready versions before reconciling
-    action: str  # "in sync", "loaded", "would load", or what went wrong
+    action: str  # "in sync", "loaded", "would load", "settled: …" (a killed promotion), or what went wrong
 
     @property
     def ok(self) -> bool:
-        return self.action in ("in sync", "loaded")
+        return self.action in ("in sync", "loaded") or self.action.startswith("settled:")
 
 
 def desired_states(repo: ModelRepository, models: list[str] | None = None) -> dict[str, ModelConfig]:
@@ -62,8 +70,65 @@ def reconcile(
     models: list[str] | None = None,
     dry_run: bool = False,
     s3: S3Settings | None = None,
+    run_id: str | None = None,
 ) -> list[ReplicaState]:
-    desired = desired_states(ModelRepository(repository, s3), models)
+    """Bring every replica to the desired state, and settle the promotions that were killed (only `run_id`'s,
+    when given: the pipeline's exit handler)."""
+    repo = ModelRepository(repository, s3)
+    killed = [r for r in map(repo.promotion, models or repo.promotion_models()) if r is not None]
+    killed = [r for r in killed if run_id is None or r.get("run_id") == run_id]
+    never_promoted = {r["model"] for r in killed if repo.desired_config(r["model"])[0] is None}
+    wanted = [m for m in models if m not in never_promoted] if models else None
+    desired = desired_states(repo, wanted) if wanted != [] else {}
+    states = _sync(replicas, desired, dry_run)
+    if dry_run:
+        return states
+    for record in killed:
+        model, members = record["model"], _members(desired.get(record["model"]))
+        if not all(s.ok for s in states if s.model in (model, *members)):
+            continue  # a replica did not come right: the record stays for the next reconcile
+        if record["phase"] not in PHASES_BEFORE_DESIRED_STATE and members:
+            finished = {m: pin_version(desired[m], record["version"]) for m in members}
+            for member, config in finished.items():
+                repo.write_desired_config(member, config, repo.desired_config(member)[1])
+            states += _sync(replicas, finished, dry_run)
+        states.append(_settle(repo, record))
+    return states
+
+
+def _members(config: ModelConfig | None) -> list[str]:
+    return member_names(config) if config is not None else []
+
+
+def _settle(repo: ModelRepository, record: dict) -> ReplicaState:
+    model, version, phase = record["model"], record["version"], record["phase"]
+    previous = record.get("previous_version")
+    reverted = phase in PHASES_BEFORE_DESIRED_STATE
+    said = f"the promotion of v{version} stopped in its {phase} phase and never finished (its process was killed); " + (
+        f"reconcile put every replica back on {f'v{previous}' if previous else 'no version'}"
+        if reverted
+        else f"its canary had passed and the desired state named v{version}, so reconcile finished it"
+    )
+    repo.record(
+        model,
+        "reverted" if reverted else "promoted",
+        version,
+        record.get("run_id", ""),
+        previous_version=previous,
+        phase=phase,
+        settled_by="reconcile",
+        problems=[said],
+    )
+    repo.clear_promotion(model)
+    repo.release_lease(model, lease_owner(record.get("run_id", ""), model, version))
+    log.event(LOG, "promotion settled", model=model, version=version, phase=phase, reverted=reverted)
+    action = f"settled: the promotion of v{version} killed in its {phase} phase was " + (
+        "reverted" if reverted else "finished"
+    )
+    return ReplicaState("(history)", model, (), (), action)
+
+
+def _sync(replicas: list[Replica], desired: dict[str, ModelConfig], dry_run: bool) -> list[ReplicaState]:
     states = []
     for replica in replicas:
         with TritonAdmin(replica.url, retries=1) as admin:

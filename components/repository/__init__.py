@@ -8,6 +8,7 @@ Layout under a repository root `s3://bucket/root` (docs/design.md section 2):
     root/versions/<model>/<v>                   allocation markers (conditional writes: one owner per number)
     root/history/<model>/<time>-<id>.json       append-only events, one object each
     root/leases/<model>.json                    the per-model release lease
+    root/promotions/<model>.json                a promotion in progress (its run, versions and phase)
 
 Production Tritons mount root/models, the gate mounts root/models and root/staging. A version
 directory without manifest.json does not exist for readers; `gc` removes it after a grace period.
@@ -20,6 +21,7 @@ from components.repository.history import History
 from components.repository.leases import DEFAULT_LEASE_SECONDS, LeaseHeld, Leases, lease_owner
 from components.repository.maintenance import Maintenance
 from components.repository.manifests import Manifest, Manifests, content_digest
+from components.repository.promotions import PHASES, PHASES_BEFORE_DESIRED_STATE, Promotions
 from components.repository.store import (
     TRANSFER,
     RepositoryError,
@@ -32,12 +34,14 @@ from components.repository.store import (
 from components.repository.versions import Versions
 
 
-class ModelRepository(Maintenance, Manifests, Versions, DesiredState, Leases, History):
+class ModelRepository(Maintenance, Manifests, Versions, DesiredState, Leases, History, Promotions):
     """One repository root on S3: the one entry point; each part lives in its own module of this package."""
 
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
+    "PHASES",
+    "PHASES_BEFORE_DESIRED_STATE",
     "TRANSFER",
     "DesiredState",
     "History",
@@ -47,6 +51,7 @@ __all__ = [
     "Manifest",
     "Manifests",
     "ModelRepository",
+    "Promotions",
     "RepositoryError",
     "VersionConflict",
     "Versions",
