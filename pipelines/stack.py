@@ -43,6 +43,10 @@ LOG = log.get("stack")
 # production replicas keep them, the gate does not: on an H200 they held a replica near 10,000 infer/s
 # (benchmarks/README.md, "Triton's latency summaries").
 LATENCY_SUMMARIES = ("summary_latencies=true", "summary_quantiles=0.99:0.001")  # as the chart's production pods
+# Where the stack is, in the environment variables the `tritonship` options read (pipelines/cli/): `stack env`
+# exports them, so the steps run here with no address given.
+REPOSITORY_ENV, GATE_ENV, GATE_METRICS_ENV = "TRITONSHIP_REPOSITORY", "TRITONSHIP_GATE", "TRITONSHIP_GATE_METRICS"
+REPLICAS_ENV, SERVING_TORCH_ENV = "TRITONSHIP_REPLICAS", "TRITONSHIP_SERVING_TORCH"
 
 
 def gpu_visible() -> bool:
@@ -154,8 +158,19 @@ class EmbeddedStack:
         os.environ[AOTI_BACKEND_ENV] = AOTI_BACKEND  # this process's own loads (components/serving/triton_admin.py)
 
     def env(self) -> dict[str, str]:
-        """What a step run against this stack needs in its environment: S3 credentials and the admin key."""
-        return {**self.s3.env(), admin_key.ENV: self.admin_key, AOTI_BACKEND_ENV: AOTI_BACKEND}
+        """What a step run against this stack needs in its environment: S3 credentials, the admin key and
+        where the stack is (`addresses`)."""
+        return {**self.s3.env(), admin_key.ENV: self.admin_key, AOTI_BACKEND_ENV: AOTI_BACKEND, **self.addresses()}
+
+    def addresses(self) -> dict[str, str]:
+        """The repository root, the production replicas as host:http-port:metrics-port (what `--replicas` and
+        components/serving/replicas.py `resolve` take), the gate and its metrics, and the torch served."""
+        found = {REPOSITORY_ENV: f"s3://{self.bucket}", SERVING_TORCH_ENV: self.serving_torch}
+        if self.replicas:
+            found[REPLICAS_ENV] = ",".join(s.replica_spec for s in self.replicas)
+        if "gate" in self.servers:
+            found |= {GATE_ENV: self.gate.http_url, GATE_METRICS_ENV: self.gate.replica.metrics_url}
+        return found
 
     # ----------------------------------------------------------------------------------- lifecycle
     def __enter__(self) -> EmbeddedStack:
@@ -349,6 +364,7 @@ class EmbeddedStack:
             "s3": {"endpoint_url": self.s3.endpoint_url, "region": self.s3.region, "bucket": self.bucket},
             "production_repository": self.repository_uri(PRODUCTION_PREFIX),
             "staging_repository": self.repository_uri(STAGING_PREFIX),
+            "replicas": ",".join(s.replica_spec for s in self.replicas),
             "servers": {
                 name: {
                     "http": s.http_url,

@@ -199,3 +199,15 @@ def test_bad_arguments_get_one_sentence_and_exit_2(words, args, expected, files,
     assert "Traceback" not in output
     assert len(output.splitlines()) == 1, output
     assert expected.format(**values) in output, output
+
+
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_a_serving_torch_that_is_no_version_is_one_sentence(how, tmp_path):
+    """Checked before anything is read or sent: no stack needed."""
+    given = ["--serving-torch", "nonsense"] if how == "option" else []
+    env = {"TRITONSHIP_SERVING_TORCH": "nonsense", "COLUMNS": "200"}
+    result = CliRunner().invoke(app, ["publish", str(tmp_path), "-r", "s3://no-such-bucket-here", *given], env=env)
+    output = result.output.strip()
+    assert isinstance(result.exception, SystemExit) and result.exit_code == 2, (output, result.exception)
+    assert "Traceback" not in output and len(output.splitlines()) == 1, output
+    assert "--serving-torch must be a torch version such as 2.14.0, not 'nonsense'" in output, output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -12,13 +13,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 
 from components.model.model_folder import load_golden
-from components.serving import perf
-from components.serving.triton_admin import TritonAdmin, TritonError, TritonUnreachable
+from components.s3 import S3Settings
+from components.serving import admin_key, perf
+from components.serving.replicas import resolve
+from components.serving.triton_admin import AOTI_BACKEND_ENV, TritonAdmin, TritonError, TritonUnreachable
 from components.settings import RELAXED_STABILITY_PCT, LoadSettings
-from pipelines.processes import pid_alive, port_is_open
-from pipelines.stack import EmbeddedStack
+from pipelines.processes import ManagedProcess, pid_alive, port_is_open
+from pipelines.stack import GATE_METRICS_ENV, REPLICAS_ENV, EmbeddedStack, S3Server, TritonServer
 from tests.models import mlp_folder, upload_folder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,14 +156,64 @@ def test_stack_up_prints_endpoints_and_stack_down_stops_everything(tmp_path):
     again = subprocess.run([*cli, "stack", "up", "--state-dir", str(state)], capture_output=True, text=True, cwd=REPO)
     assert again.returncode != 0 and "already up" in again.stderr
 
+    assert f"replicas      {saved['replicas']}" in up.stdout and 'eval "$(tritonship stack env' in up.stdout
     env = subprocess.run([*cli, "stack", "env", "--state-dir", str(state)], capture_output=True, text=True, cwd=REPO)
     assert "export AWS_ENDPOINT_URL_S3=http://127.0.0.1:" in env.stdout
+    assert f"export TRITONSHIP_REPLICAS={saved['replicas']}" in env.stdout
 
     down = subprocess.run([*cli, "stack", "down", "--state-dir", str(state)], capture_output=True, text=True, cwd=REPO)
     assert down.returncode == 0, down.stderr
     assert not any(pid_alive(p) for p in saved["pgids"])
     assert not TritonAdmin(http, timeout=1, retries=1).is_live()
     assert not (state / "state.json").exists()
+
+
+def test_the_stacks_env_names_its_replicas_with_metrics_ports_as_the_options_read_them(tmp_path, monkeypatch):
+    """No server is started: the stack is given the ports it would have. What `stack env` exports from the
+    state file resolves back to the replicas' own urls and metrics urls, and every address it exports is
+    read by a `tritonship` option."""
+    import typer.main
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    for name in (admin_key.ENV, AOTI_BACKEND_ENV):  # the constructor sets them in this process; restored after
+        monkeypatch.setenv(name, "test")
+    stack = EmbeddedStack(replicas=2, gate=True, workdir=tmp_path)
+    idle = ManagedProcess("idle", [], {}, tmp_path / "idle.log")  # never started
+    stack.s3_server = S3Server(S3Settings("http://127.0.0.1:9000", "us-east-1", "AKIA0", "secret"), 9000, idle)
+    for i, name in enumerate(["prod-0", "prod-1", "gate"]):
+        stack.servers[name] = TritonServer(name, [], 41000 + 10 * i, 41001 + 10 * i, 41002 + 10 * i, idle)
+    (tmp_path / "state.json").write_text(json.dumps({"env": stack.env()}))
+
+    printed = CliRunner().invoke(app, ["stack", "env", "--state-dir", str(tmp_path)])
+    assert printed.exit_code == 0, printed.output
+    exported = dict(shlex.split(line)[1].split("=", 1) for line in printed.output.splitlines())
+    assert exported == stack.env()
+    found = resolve(exported[REPLICAS_ENV])
+    assert [(r.url, r.metrics_url) for r in found] == [(s.replica.url, s.replica.metrics_url) for s in stack.replicas]
+    assert found[1].metrics_url == "127.0.0.1:41012" and exported[GATE_METRICS_ENV] == "127.0.0.1:41022"
+    assert exported["TRITONSHIP_SERVING_TORCH"] == stack.serving_torch
+
+    click_app = typer.main.get_command(app)
+    read = {
+        p.envvar
+        for c in ("publish", "stage", "tune", "gate", "promote", "reconcile")
+        for p in click_app.commands[c].params
+    }
+    assert set(stack.addresses()) <= read
+
+
+def test_the_running_stacks_env_gives_replicas_whose_metrics_answer(stack):
+    from pipelines.cli.common import gate_server
+
+    env = stack.env()
+    replicas = resolve(env[REPLICAS_ENV])
+    assert [r.url for r in replicas] == [s.http_url for s in stack.replicas]
+    _, gate_metrics = gate_server(env["TRITONSHIP_GATE"], env[GATE_METRICS_ENV])
+    for metrics in [*(r.metrics_url for r in replicas), gate_metrics]:
+        answer = requests.get(f"http://{metrics}/metrics", timeout=5)
+        assert answer.status_code == 200, metrics
 
 
 def _closed_port() -> int:

@@ -85,12 +85,14 @@ def publish_cmd(
         str | None, typer.Option(help="source run id (default: KFP_RUN_ID, else from the content)")
     ] = None,
     s3_endpoint: EndpointOption = None,
-    serving_torch: Annotated[str, option(PUBLISH, "serving_torch")] = PUBLISH["serving_torch"].default,
+    serving_torch: Annotated[str, option(PUBLISH, "serving_torch", envvar="TRITONSHIP_SERVING_TORCH")] = PUBLISH[
+        "serving_torch"
+    ].default,
 ) -> None:
     """Publish a compiled model folder (or an ensemble bundle) as a new immutable candidate version (staging)."""
     from components.release.publish import publish
 
-    chosen = PublishSettings(serving_torch=serving_torch)
+    chosen = validated(PublishSettings.from_flat, locals(), PUBLISH)
     with console.status("publishing"):
         result = publish(
             folder, repository, run_id=run_id, s3=s3_settings(s3_endpoint), serving_torch=chosen.serving_torch

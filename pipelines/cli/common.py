@@ -91,10 +91,11 @@ def read_result(path: Path, what: str, kind: type[R]) -> R:
         ) from None
 
 
-def option(table: dict[str, settings.Parameter], name: str, *flags: str) -> Any:
+def option(table: dict[str, settings.Parameter], name: str, *flags: str, envvar: str | None = None) -> Any:
     """A step's option explained by its table (components/settings.py, components/release/step_settings.py); the
-    default in the signature is the settings type's, and tests/test_settings.py checks they agree."""
-    return typer.Option(*flags, help=table[name].help)
+    default in the signature is the settings type's, and tests/test_settings.py checks they agree. `envvar` is
+    read where the option is not given (`tritonship stack env` exports the embedded stack's)."""
+    return typer.Option(*flags, envvar=envvar, help=table[name].help)
 
 
 def validated(build: Callable[..., S], given: dict[str, Any], table: dict[str, settings.Parameter]) -> S:

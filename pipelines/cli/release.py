@@ -212,7 +212,12 @@ def gate_cmd(
 def promote_cmd(
     repository: RepositoryOption,
     verdict: Annotated[Path, typer.Option(help="verdict.json written by `tritonship gate`; must say pass")],
-    replicas: Annotated[str, typer.Option(help="production replicas: host:port,... or k8s://ns/selector")],
+    replicas: Annotated[
+        str,
+        typer.Option(
+            envvar="TRITONSHIP_REPLICAS", help="production replicas: host:port[:metrics-port],... or k8s://ns/selector"
+        ),
+    ],
     gate: UnloadGateOption = None,
     tuning: TuningOption = None,
     load_timeout_s: Annotated[float, option(LOAD, "load_timeout_s")] = LOAD["load_timeout_s"].default,
@@ -312,7 +317,12 @@ def reject_cmd(
 @friendly_errors
 def reconcile_cmd(
     repository: RepositoryOption,
-    replicas: Annotated[str, typer.Option(help="production replicas: host:port,... or k8s://ns/selector")],
+    replicas: Annotated[
+        str,
+        typer.Option(
+            envvar="TRITONSHIP_REPLICAS", help="production replicas: host:port[:metrics-port],... or k8s://ns/selector"
+        ),
+    ],
     model: Annotated[list[str] | None, typer.Option("--model", "-m", help="only these models (repeat)")] = None,
     dry_run: Annotated[bool, typer.Option(help="only report what differs")] = False,
     s3_endpoint: EndpointOption = None,

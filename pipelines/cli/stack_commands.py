@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -40,8 +41,12 @@ def stack_up(
     out.print(f"staging       {description['staging_repository']}")
     for name, server in description["servers"].items():
         out.print(f"triton {name:<7} http://{server['http']}  grpc {server['grpc']}  metrics {server['metrics']}")
+    if description["replicas"]:
+        out.print(f"replicas      {description['replicas']}  (host:http-port:metrics-port)", soft_wrap=True)
     out.print(f"perf_analyzer {description['perf_analyzer']}")
     out.print(f"logs          {state_dir / 'logs'}")
+    where = "" if state_dir == DEFAULT_STATE_DIR else f" --state-dir {shlex.quote(str(state_dir))}"
+    out.print(f'point the steps at it: eval "$(tritonship stack env{where})"', highlight=False, soft_wrap=True)
 
 
 @stack_app.command("down")
@@ -57,10 +62,12 @@ def stack_down(state_dir: Annotated[Path, typer.Option()] = DEFAULT_STATE_DIR) -
 @stack_app.command("env")
 @friendly_errors
 def stack_env(state_dir: Annotated[Path, typer.Option()] = DEFAULT_STATE_DIR) -> None:
-    """Print `export` lines that point the AWS CLI, boto3 and tritonship at the running stack."""
+    """Print `export` lines that point the AWS CLI, boto3 and tritonship at the running stack: its S3
+    credentials, the admin key, the repository, the gate, the replicas with their metrics ports and the torch
+    it serves. `eval "$(tritonship stack env)"`, and the steps need no address."""
     state = _read_state(state_dir)
     for key, value in state["env"].items():
-        out.print(f"export {key}={value}", highlight=False)
+        typer.echo(f"export {key}={shlex.quote(str(value))}")  # plain: no markup, no wrapping for eval
 
 
 def _read_state(state_dir: Path) -> dict[str, Any]:
