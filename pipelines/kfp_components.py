@@ -355,11 +355,10 @@ def promote_op(
         )
     except CanaryRejected as exc:
         result = exc.result
-    canary = result.canary
-    Path(report.path).write_text(canary_report.markdown(canary) if canary else "# Canary: not run\n")
-    Path(report_html.path).write_text(canary_report.html_page(canary) if canary else "<p>Canary: not run</p>")
-    if canary:
-        print(canary_report.summary(canary))
+    for artifact, text in zip((report, report_html), canary_report.pages(result.canary), strict=True):
+        Path(artifact.path).write_text(text)  # the CLI's --out report, its plot included
+    if result.canary:
+        print(canary_report.summary(result.canary))
     return namedtuple("Promoted", ["promoted", "promote_json"])(result.promoted, result.to_json())
 
 

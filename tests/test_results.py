@@ -1,13 +1,25 @@
 """One serialisation for every step's result (components/release/results.py): what is written reads back equal, and
-a file that is not the result it claims to be is refused with what is wrong."""
+a file that is not the result it claims to be is refused with what is wrong. The pipeline's reports are the CLI's."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from components.model.model_config import ServingSettings
 from components.model.parity import OutputParity
-from components.release.results import PromoteResult, ReplicaOutcome, StageResult, Trial, TuneResult, Verdict
+from components.release.gate_stats import Effect
+from components.release.results import (
+    CanaryResult,
+    PromoteResult,
+    ReplicaOutcome,
+    StageResult,
+    Trial,
+    TuneResult,
+    Verdict,
+)
 
 
 def test_every_result_reads_back_equal_to_what_was_written():
@@ -44,3 +56,56 @@ def test_every_result_reads_back_equal_to_what_was_written():
 def test_a_file_that_is_not_a_verdict_is_refused_with_what_is_wrong(text, message):
     with pytest.raises(ValueError, match=message):
         Verdict.from_json(text)
+
+
+# ------------------------------------------------------------------------------------------------- the reports
+def test_the_pipelines_canary_report_is_the_clis_with_its_plot(tmp_path, monkeypatch):
+    from components.release import canary_report, promote
+    from components.release.step_settings import pipeline_settings
+    from pipelines.kfp_components import promote_op
+
+    beyond = Effect("mean latency", 0.25, 0.12, 0.38, 0.10, True, "%")
+    side = {"requests": 400, "failures": 0, "mean_ms": 2.5, "p99_ms": None}
+    canary = CanaryResult(
+        "m",
+        3,
+        2,
+        "fail",
+        [beyond.describe()],
+        ["prod-0"],
+        ["prod-1"],
+        effects=[beyond.to_dict()],
+        calibration=[{"counted": True, "note": "", "canary": side, "baseline": side}],
+        rounds=[{"counted": True, "note": "", "canary": {**side, "mean_ms": 3.1}, "baseline": side}],
+        counted_rounds=1,
+        outcome="reverted",
+        settings={"round_s": 30.0, "min_requests": 20},
+    )
+    rejected = PromoteResult("m", 3, 2, ["a:8000", "b:8000"], False, reverted=True, canary=canary)
+
+    def reverting_canary(*_args, **_kwargs):
+        raise promote.CanaryRejected("the canary failed on live traffic", rejected)
+
+    monkeypatch.setattr(promote, "promote", reverting_canary)
+    report, report_html = (SimpleNamespace(path=str(tmp_path / name)) for name in ("report.md", "report.html"))
+    default = ServingSettings(max_batch_size=16)
+    promoted = promote_op.python_func(
+        repository="s3://b",
+        model_name="m",
+        version=3,
+        replicas="a:8000,b:8000",
+        gate="gate:8000",
+        verdict_json=Verdict("m", 3, "pass", []).to_json(),
+        tuning_json=TuneResult("m", 3, default, default, None, 1).to_json(),
+        s3_endpoint="http://s3:9000",
+        run_id="run",
+        settings=pipeline_settings({}),
+        report=report,
+        report_html=report_html,
+    )
+    assert promoted.promoted is False
+    canary_report.write(canary, tmp_path / "cli")  # `tritonship promote --out`
+    page = Path(report_html.path).read_text()
+    assert page == (tmp_path / "cli" / "report.html").read_text()
+    assert Path(report.path).read_text() == (tmp_path / "cli" / "report.md").read_text()
+    assert '<img alt="the interval of each limit against the limit" src="data:image/png;base64,' in page

@@ -4,6 +4,7 @@ CanaryResult, and its one-line summary."""
 from __future__ import annotations
 
 import html
+import tempfile
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,7 @@ def markdown(result: CanaryResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def html_page(result: CanaryResult, png: Path | None = None) -> str:
+def html_page(result: CanaryResult, png: Path | None) -> str:
     colour = {"pass": "#1a7f37", "fail": "#cf222e"}.get(result.decision, "#9a6700")
     header = "".join(f"<th>{html.escape(h)}</th>" for h in ROUND_HEADER)
     rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in round_rows(result))
@@ -110,13 +111,24 @@ def html_page(result: CanaryResult, png: Path | None = None) -> str:
     )
 
 
+def pages(result: CanaryResult | None, plot_dir: Path | None = None) -> tuple[str, str]:
+    """report.md's and report.html's text, each limit's interval plotted into the page: what the CLI's --out and the
+    pipeline's promote task both show. The plot's PNG is left in `plot_dir` where one is given. No result: the
+    canary did not run (the pipeline's task has its reports either way)."""
+    if result is None:
+        return "# Canary: not run\n", "<p>Canary: not run</p>"
+    with tempfile.TemporaryDirectory(prefix="tritonship-canary-") as tmp:
+        png = (plot_dir or Path(tmp)) / PLOT_FILE
+        effects = [Effect(**{f.name: e[f.name] for f in fields(Effect)}) for e in result.effects]
+        has_plot = plot(effects, f"canary of {result.model} v{result.version}: {result.decision}", png)
+        return markdown(result), html_page(result, png if has_plot else None)
+
+
 def write(result: CanaryResult, out_dir: Path | None) -> None:
-    """report.md and report.html into `out_dir` (nothing without one)."""
+    """report.md, report.html and the plot into `out_dir` (nothing without one)."""
     if out_dir is None:
         return
     out_dir.mkdir(parents=True, exist_ok=True)
-    png = out_dir / PLOT_FILE
-    effects = [Effect(**{f.name: e[f.name] for f in fields(Effect)}) for e in result.effects]
-    has_plot = plot(effects, f"canary of {result.model} v{result.version}: {result.decision}", png)
-    (out_dir / "report.md").write_text(markdown(result))
-    (out_dir / "report.html").write_text(html_page(result, png if has_plot else None))
+    text, page = pages(result, out_dir)
+    (out_dir / "report.md").write_text(text)
+    (out_dir / "report.html").write_text(page)
