@@ -1,19 +1,25 @@
 """One serialisation for every step's result (components/release/results.py): what is written reads back equal, and
-a file that is not the result it claims to be is refused with what is wrong. The pipeline's reports are the CLI's."""
+a file that is not the result it claims to be is refused with what is wrong. The reports made of the results: each
+figure said once, and the pipeline's the CLI's."""
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from components.model.model_config import ServingSettings
 from components.model.parity import OutputParity
+from components.release import gate_report
 from components.release.gate_stats import Effect
 from components.release.results import (
     CanaryResult,
+    GateResult,
     PromoteResult,
+    QualityResult,
     ReplicaOutcome,
     StageResult,
     Trial,
@@ -59,6 +65,78 @@ def test_a_file_that_is_not_a_verdict_is_refused_with_what_is_wrong(text, messag
 
 
 # ------------------------------------------------------------------------------------------------- the reports
+P99_WITHIN = Effect("p99", 0.04, -0.02, 0.098, 0.10, True, "%")
+P99_BEYOND = Effect("p99", 0.31, 0.20, 0.42, 0.10, True, "%")
+P99_STRADDLES = Effect("p99", 0.06, -0.01, 0.13, 0.10, True, "%")
+THROUGHPUT = Effect("throughput", -0.01, -0.05, 0.03, 0.10, True, "%")
+ACCURACY_BEYOND = Effect("accuracy", -0.03, -0.05, -0.02, -0.01, False, "")
+ACCURACY_STRADDLES = Effect("accuracy", -0.01, -0.03, 0.004, -0.02, False, "")
+
+
+def _quality(decision: str, effect: Effect, more_rows: int = 0) -> QualityResult:
+    reason = effect.describe() + (f"; about {more_rows:,} more rows would decide" if more_rows else "")
+    return QualityResult(
+        "m",
+        3,
+        2,
+        decision,
+        [reason],
+        "s3://b/eval.parquet",
+        500,
+        0.9,
+        effects=[{**effect.to_dict(), "more_rows": more_rows}],
+    )
+
+
+def _gated(effects: list[Effect], reasons: list[str], verdict: str, quality: QualityResult | None = None) -> GateResult:
+    result = GateResult("m", 3, 2, verdict, reasons, effects=effects, rounds=4, settings={"confidence": 0.9})
+    for side in (result.candidate, result.stable):
+        side.add(np.array([1.0, 1.5, 2.0]), 1.0)
+    if quality is not None:  # as gate.gate folds it in
+        result.quality, result.speed_verdict = quality, verdict
+        if quality.decision != "pass":
+            result.verdict = quality.decision if verdict == "pass" else verdict
+            result.reasons = [f"quality: {r}" for r in quality.reasons] + reasons
+    return result
+
+
+GATE_RESULTS = {
+    "pass": _gated([P99_WITHIN, THROUGHPUT], [P99_WITHIN.describe(), THROUGHPUT.describe()], "pass"),
+    "fail": _gated([P99_BEYOND, THROUGHPUT], [P99_BEYOND.describe()], "fail"),
+    "inconclusive": _gated(
+        [P99_STRADDLES, THROUGHPUT],
+        [f"still undecided when the 60 s budget was spent: {P99_STRADDLES.describe()} (the rounds disagree)"],
+        "inconclusive",
+    ),
+    "quality fails": _gated(
+        [P99_WITHIN, THROUGHPUT],
+        [P99_WITHIN.describe(), THROUGHPUT.describe()],
+        "pass",
+        _quality("fail", ACCURACY_BEYOND),
+    ),
+    "quality undecided": _gated(
+        [P99_WITHIN, THROUGHPUT],
+        [P99_WITHIN.describe(), THROUGHPUT.describe()],
+        "pass",
+        _quality("inconclusive", ACCURACY_STRADDLES, more_rows=1200),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", GATE_RESULTS)
+def test_the_gate_report_says_each_limits_figure_once_beside_its_plot(case, tmp_path):
+    result = GATE_RESULTS[case]
+    gate_report.write(result, tmp_path)
+    page, text = (tmp_path / "report.html").read_text(), (tmp_path / "report.md").read_text()
+    figures = [e.describe() for e in result.effects]
+    figures += [e["text"] for e in result.quality.effects] if result.quality else []
+    for figure in figures:
+        assert page.count(html.escape(figure)) == 1, (figure, page.split("<img")[0])
+        assert text.count(figure) == 1, (figure, text)
+    assert page.count("more rows would decide") == text.count("more rows would decide") == ("undecided" in case)
+    assert 'src="data:image/png;base64,' in page  # each limit's interval, plotted
+
+
 def test_the_pipelines_canary_report_is_the_clis_with_its_plot(tmp_path, monkeypatch):
     from components.release import canary_report, promote
     from components.release.step_settings import pipeline_settings

@@ -138,8 +138,15 @@ def how_measured(result: GateResult) -> str:
     return (
         f"{settings.get('design', '?')} design{where}, {load}{shaped}, windows of {settings.get('window_ms')} ms; "
         f"{result.rounds} rounds ({attempts} perf_analyzer attempts), {result.measurement_seconds:.1f} s of "
-        f"measurement; {result.stopped or 'not measured'}."
+        f"measurement, intervals at {settings.get('confidence', 0.9):.0%}; {result.stopped or 'not measured'}."
     )
+
+
+def findings(result: GateResult) -> list[str]:
+    """The report's list, each thing said once: the verdict's reasons (a decided verdict's are its limits' own
+    figures), then each limit's figure that no reason gives already."""
+    figures = [e.describe() for e in result.effects]
+    return result.reasons + [f for f in figures if not any(f in reason for reason in result.reasons)]
 
 
 def markdown(result: GateResult) -> str:
@@ -151,16 +158,7 @@ def markdown(result: GateResult) -> str:
         "",
         f"Gate server while measuring: {server_metrics.describe(result.server)}.",
         "",
-        *[f"- {reason}" for reason in result.reasons],
-    ]
-    if result.effects:
-        lines += [
-            "",
-            f"| limit | estimate [{result.settings.get('confidence', 0.9):.0%} interval] | status |",
-            "| --- | --- | --- |",
-        ]
-        lines += [f"| {e.name} | {e.describe().rsplit(': ', 1)[0]} | {e.status} |" for e in result.effects]
-    lines += [
+        *[f"- {finding}" for finding in findings(result)],
         "",
         f"| {' | '.join(SUMMARY_HEADER)} |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
@@ -168,7 +166,7 @@ def markdown(result: GateResult) -> str:
         *tuning_markdown(result.tuning),
     ]
     if result.quality is not None:
-        lines += ["", *quality_report.markdown_lines(result.quality)]
+        lines += ["", *quality_report.markdown_lines(result.quality, said=result.reasons)]
     return "\n".join(lines) + "\n"
 
 
@@ -176,8 +174,7 @@ def html_page(result: GateResult, png: Path | None, quality_png: Path | None = N
     image = embedded_image(png)
     table = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows(result))
     header = "".join(f"<th>{html.escape(h)}</th>" for h in SUMMARY_HEADER)
-    effects = "".join(f"<li>{html.escape(e.describe())}</li>" for e in result.effects)
-    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in result.reasons)
+    said = "".join(f"<li>{html.escape(finding)}</li>" for finding in findings(result))
     tuning = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in tuning_rows(result.tuning)
     )
@@ -193,9 +190,13 @@ def html_page(result: GateResult, png: Path | None, quality_png: Path | None = N
         f"<span style='color:{colour}'>{result.verdict.upper()}</span></h1>"
         f"<p>{html.escape(how_measured(result))}</p>"
         f"<p>Gate server while measuring: {html.escape(server_metrics.describe(result.server))}.</p>"
-        f"<ul>{reasons}</ul>{image}<ul>{effects}</ul>"
+        f"<ul>{said}</ul>{image}"
         f"<table><tr>{header}</tr>{table}</table>{tuning}"
-        + (quality_report.html_section(result.quality, embedded_image(quality_png)) if result.quality else "")
+        + (
+            quality_report.html_section(result.quality, embedded_image(quality_png), said=result.reasons)
+            if result.quality
+            else ""
+        )
         + "</body></html>"
     )
 

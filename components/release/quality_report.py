@@ -4,6 +4,7 @@ interval, each limit's effect with a plot, and the one-line summary the CLI prin
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
@@ -47,35 +48,48 @@ def summary(result: QualityResult) -> str:
     return f"quality {result.decision} on {result.rows:,} rows against {stable}: {judged}"
 
 
-def markdown_lines(result: QualityResult) -> list[str]:
+def _unsaid(result: QualityResult, said: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The reasons, and the "more rows would decide" notes, that neither another reason nor `said` (what the page
+    holding this section says already: the gate's report gives a failed check's reasons) gives."""
+    reasons = [r for r in result.reasons if not any(r in s for s in said)]
+    more = [
+        f"{e['name']}: about {e['more_rows']:,} more rows would decide"
+        for e in result.effects
+        if e.get("more_rows") and not any(e["text"] in s for s in [*result.reasons, *said])
+    ]
+    return reasons, more
+
+
+def markdown_lines(result: QualityResult, said: Sequence[str] = ()) -> list[str]:
     stable = f"v{result.stable_version}" if result.stable_version is not None else "none (first release)"
+    reasons, more = _unsaid(result, said)
     lines = [
         f"## Quality: **{result.decision.upper()}**",
         "",
         f"{result.rows:,} labelled rows of {result.eval_data}, sent to the candidate and to stable ({stable}) on the "
         f"gate; intervals at {result.confidence:.0%}; {result.seconds:.1f} s.",
         "",
-        *[f"- {reason}" for reason in result.reasons],
+        *[f"- {reason}" for reason in reasons],
         "",
         f"| {' | '.join(HEADER)} |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
         *[f"| {' | '.join(row)} |" for row in rows(result)],
     ]
-    more = [e for e in result.effects if e.get("more_rows")]
     if more:
-        lines += ["", *[f"- {e['name']}: about {e['more_rows']:,} more rows would decide" for e in more]]
+        lines += ["", *[f"- {note}" for note in more]]
     return lines
 
 
-def html_section(result: QualityResult, image: str) -> str:
+def html_section(result: QualityResult, image: str, said: Sequence[str] = ()) -> str:
     colour = {"pass": "#1a7f37", "fail": "#cf222e"}.get(result.decision, "#9a6700")
     header = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
     table = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows(result))
-    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in result.reasons)
+    reasons, more = _unsaid(result, said)
+    listed = "".join(f"<li>{html.escape(r)}</li>" for r in reasons + more)
     return (
         f"<h2>Quality: <span style='color:{colour}'>{result.decision.upper()}</span></h2>"
         f"<p>{result.rows:,} labelled rows of {html.escape(result.eval_data)}; intervals at "
-        f"{result.confidence:.0%}.</p><ul>{reasons}</ul>{image}<table><tr>{header}</tr>{table}</table>"
+        f"{result.confidence:.0%}.</p><ul>{listed}</ul>{image}<table><tr>{header}</tr>{table}</table>"
     )
 
 
