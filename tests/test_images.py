@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from pipelines.image_build import host_pip_mounts, plan
-from pipelines.images import matrix
+from pipelines.images import check_one_ngc_release, matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "images"
@@ -31,20 +31,8 @@ def commands(kind: str) -> list[dockerfile.Command]:
     return parsed(IMAGES / f"{kind}.Dockerfile")
 
 
-def release_of(image: str) -> str:
-    match = re.search(r":(\d{2}\.\d{2})-py3", image)
-    assert match, f"{image} is not an NGC <YY.MM>-py3 image"
-    return match.group(1)
-
-
-def check_compile_and_triton_releases(versions: dict) -> None:
-    releases = {k: release_of(versions["base"][k]) for k in ("compile", "triton", "gate")}
-    if len(set(releases.values())) != 1:
-        raise ValueError(f"compile, Triton and gate images come from different NGC releases: {releases}")
-
-
 def test_the_compile_and_triton_images_come_from_one_ngc_release():
-    check_compile_and_triton_releases(matrix())
+    check_one_ngc_release(matrix())
     chart_values = yaml.safe_load((ROOT / "manifests/helm/tritonship-triton/values.yaml").read_text())
     assert f"{chart_values['image']['repository']}:{chart_values['image']['tag']}" == matrix()["base"]["triton"]
     assert all(matrix()["ngc_release"] in matrix()["images"][k] for k in ("compile", "gate"))
@@ -60,7 +48,10 @@ def test_a_mismatched_release_is_caught():
     versions = yaml.safe_load(yaml.safe_dump(matrix()))
     versions["base"]["compile"] = "nvcr.io/nvidia/pytorch:26.09-py3"
     with pytest.raises(ValueError, match="different NGC releases"):
-        check_compile_and_triton_releases(versions)
+        check_one_ngc_release(versions)
+    versions["base"]["compile"] = "pytorch/pytorch:2.14.0"
+    with pytest.raises(ValueError, match="not an NGC <YY.MM>-py3 image"):
+        check_one_ngc_release(versions)
 
 
 def build_arg_defaults(path: Path) -> dict[str, str]:
