@@ -386,13 +386,21 @@ def reject_op(
 
 
 @step("tools")
-def finish_release_op(repository: str, model_name: str, gate: str, s3_endpoint: str, run_id: str):
-    """Exit handler: whatever happened, the candidate leaves the gate server and this run's release
-    lease on the model is given back (promote and reject give it back themselves on their paths)."""
+def finish_release_op(repository: str, model_name: str, gate: str, replicas: str, s3_endpoint: str, run_id: str):
+    """Exit handler: whatever happened, the candidate leaves the gate server, a promotion of this run that was
+    killed (its pod past the grace period) is settled as `reconcile` does, and this run's release lease on the
+    model is given back (promote and reject give it back themselves on their paths)."""
     from components.release.promote import unload_candidate
+    from components.release.reconcile import reconcile
     from components.repository import ModelRepository
     from components.s3 import S3Settings
     from components.serving.replicas import resolve
 
+    s3 = S3Settings.from_env(s3_endpoint)
     unload_candidate(resolve(gate)[0].url, model_name)
-    ModelRepository(repository, S3Settings.from_env(s3_endpoint)).release_lease(model_name, run_id)
+    repo = ModelRepository(repository, s3)
+    killed = repo.promotion(model_name)
+    if killed and killed.get("run_id") == run_id:
+        for state in reconcile(repository, resolve(replicas), [model_name], s3=s3, run_id=run_id):
+            print(state.replica, state.model, state.action)
+    repo.release_lease(model_name, run_id)

@@ -65,7 +65,12 @@ def release_steps(
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
     cleanup = _with_secrets(
         finish_release_op(
-            repository=repository, model_name=model_name, gate=gate, s3_endpoint=s3_endpoint, run_id=run_id
+            repository=repository,
+            model_name=model_name,
+            gate=gate,
+            replicas=replicas,
+            s3_endpoint=s3_endpoint,
+            run_id=run_id,
         ),
         aws_secret_name,
         admin_secret_name,
