@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ from components.repository import ModelRepository, candidate_name
 from components.s3 import S3Error, S3Settings
 from components.serving.triton_admin import TritonAdmin
 from pipelines.live_traffic import LiveTraffic
+from pipelines.processes import pid_alive
 from pipelines.stack import EmbeddedStack
 from tests.models import mlp_folder
 from tests.release_helpers import ABSOLUTE_GATE, install_stable, replicas, unique
@@ -242,28 +244,75 @@ def test_production_triton_killed_and_restarted_during_promotion(tmp_path, stack
     assert TritonAdmin(stack.replicas[1].http_url).ready_versions(name) == [2]
 
 
-def _kill_when_perf_analyzer_measures(
-    gate_url: str, action: Callable[[int], None], after_s: float = 1.0
-) -> threading.Thread:
-    """Run `action(pid)` once a perf_analyzer aimed at `gate_url` has measured for `after_s`."""
+def _perf_analyzer(gate_url: str, model: str) -> int | None:
+    """The pid of a live perf_analyzer sending `model` requests to `gate_url`, from /proc; None if there is none."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ours = (
+            argv[0].endswith(b"perf_analyzer") and gate_url.encode() in argv and _after(argv, b"-m") == model.encode()
+        )
+        if ours and pid_alive(int(pid)):
+            return int(pid)
+    return None
 
-    def watch() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            for pid in filter(str.isdigit, os.listdir("/proc")):
-                try:
-                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                except OSError:
-                    continue
-                if argv and argv[0].endswith(b"perf_analyzer") and gate_url.encode() in argv:
-                    time.sleep(after_s)
-                    action(int(pid))
-                    return
-            time.sleep(0.05)
 
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
+def _after(argv: list[bytes], flag: bytes) -> bytes | None:
+    return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+
+
+def _inference_count(admin: TritonAdmin, model: str) -> int:
+    return sum(s["inference_count"] for s in admin.statistics(model)["model_stats"])
+
+
+class FaultWhilePerfAnalyzerMeasures(threading.Thread):
+    """Runs `action(pid)` once a perf_analyzer of `model` runs against `gate_url` and the gate server has answered
+    at least one of its requests: `model`'s inference count in Triton's statistics grew after the process was seen
+    (the gate's own warm-up requests come before it starts). Placed on that event, not after a delay, the fault
+    lands inside a round however slowly the machine starts perf_analyzer. After join(): `pid`, the perf_analyzer
+    the action was run for (None if it did not run), and `error`, what stopped the watch or the action."""
+
+    def __init__(self, gate_url: str, model: str, action: Callable[[int], None], timeout_s: float = 120.0) -> None:
+        super().__init__(daemon=True)
+        self.gate_url, self.model, self.action, self.timeout_s = gate_url, model, action, timeout_s
+        self.pid: int | None = None
+        self.error: Exception | None = None
+        self.cancelled = threading.Event()
+
+    def run(self) -> None:
+        try:
+            deadline = time.monotonic() + self.timeout_s
+            pid = self._until(lambda: _perf_analyzer(self.gate_url, self.model), deadline, "no perf_analyzer started")
+            with TritonAdmin(self.gate_url, timeout=5, retries=1) as admin:
+                before = _inference_count(admin, self.model)
+                self._until(
+                    lambda: _inference_count(admin, self.model) > before, deadline, "perf_analyzer sent no request"
+                )
+            self.action(pid)
+            self.pid = pid
+        except Exception as exc:  # read by joined(): a thread's exception would only be printed
+            self.error = exc
+
+    def _until(self, found: Callable[[], Any], deadline: float, missing: str) -> Any:
+        while time.monotonic() < deadline and not self.cancelled.is_set():
+            value = found()
+            if value:
+                return value
+            time.sleep(0.02)
+        raise TimeoutError(f"{missing} for {self.model} on {self.gate_url} while the watch lasted")
+
+    def joined(self, timeout_s: float = 10.0) -> int:
+        """End the watch (a fault not placed yet must not land in a later gate); the pid the action was run for,
+        or the watch's failure raised."""
+        self.cancelled.set()
+        self.join(timeout_s)
+        assert not self.is_alive(), f"the fault's action did not end within {timeout_s:g} s"
+        if self.error is not None:
+            raise AssertionError(f"the fault was not placed: {self.error!r}") from self.error
+        assert self.pid is not None
+        return self.pid
 
 
 def _gate_again(stack: EmbeddedStack, name: str, version: int, run_id: str):
@@ -277,9 +326,13 @@ def test_gate_server_killed_during_the_gate_fails_closed_and_the_rerun_completes
     repository = f"s3://{stack.bucket}"
     version = publish(_mlp(tmp_path, name, "v2", seed=7), repository, "run-gate-kill", s3=stack.s3).version
     stage(repository, name, version, stack.gate.http_url, s3=stack.s3, run_id="run-gate-kill")
-    watcher = _kill_when_perf_analyzer_measures(stack.gate.http_url, lambda _pid: stack.gate.process.kill())
+    fault = FaultWhilePerfAnalyzerMeasures(
+        stack.gate.http_url, candidate_name(name), lambda _pid: stack.gate.process.kill()
+    )
+    fault.start()
     verdict = _gate_again(stack, name, version, "run-gate-kill")
-    watcher.join(timeout=5)
+    fault.joined()
+    assert not stack.gate.process.alive()  # killed while it served perf_analyzer
     assert verdict.verdict == "fail" and verdict.reasons, verdict.reasons
     reject(
         repository,
@@ -318,13 +371,20 @@ def test_perf_analyzer_killed_mid_run_fails_closed_and_the_rerun_completes(tmp_p
     repository = f"s3://{stack.bucket}"
     version = publish(_mlp(tmp_path, name, "v2", seed=8), repository, "run-perf-kill", s3=stack.s3).version
     stage(repository, name, version, stack.gate.http_url, s3=stack.s3, run_id="run-perf-kill")
-    # a round of this gate's 250 ms windows lasts about a second: kill well inside it
-    watcher = _kill_when_perf_analyzer_measures(
-        stack.gate.http_url, lambda pid: os.kill(pid, signal.SIGKILL), after_s=0.2
-    )
+    candidate = candidate_name(name)
+
+    def kill(pid: int) -> None:
+        assert pid_alive(pid), f"perf_analyzer {pid} had exited before it could be killed"
+        os.kill(pid, signal.SIGKILL)
+
+    fault = FaultWhilePerfAnalyzerMeasures(stack.gate.http_url, candidate, kill)
+    fault.start()
     verdict = _gate_again(stack, name, version, "run-perf-kill")
-    watcher.join(timeout=5)
-    assert verdict.verdict == "fail" and "exited -9" in verdict.reasons[0], verdict.reasons
+    assert not pid_alive(fault.joined())
+    attempts = [(a["round"], a["attempt"], a["exit_code"]) for a in verdict.attempts if a["model"] == candidate]
+    assert attempts == [(1, 1, -signal.SIGKILL)], verdict.attempts  # the killed run, recorded; no other run
+    assert verdict.verdict == "fail" and verdict.stopped == "a measurement failed", verdict.reasons
+    assert f"perf_analyzer on {candidate} v{version} (round 1) exited -9" in verdict.reasons[0], verdict.reasons
     with pytest.raises(PromotionError, match="verdict is 'fail'"):
         promote(repository, name, version, replicas(stack), verdict.verdict, s3=stack.s3, run_id="run-perf-kill")
     assert _served(stack, name) == [1, 1]
