@@ -154,6 +154,14 @@ def test_latency_summaries_are_kept_on_production_pods_only_with_the_p99_alone_a
     assert summaries in every_quantile and not any("summary_quantiles" in a for a in every_quantile)
 
 
+def test_latency_histograms_are_asked_for_on_production_pods_only_when_turned_on():
+    histograms = "--metrics-config=histogram_latencies=true"
+    assert histograms not in _container(render(), "production")["args"]
+    objects = render(sets=("latencyHistograms=true",))
+    assert histograms in _container(objects, "production")["args"]
+    assert histograms not in _container(objects, "gate")["args"]
+
+
 def test_rendered_triton_arguments_come_up_ready_on_the_embedded_stack(tmp_path, stack):
     name = unique("chart")
     folder = mlp_folder(tmp_path, name)

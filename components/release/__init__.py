@@ -7,8 +7,9 @@ serving, repository and model rooms and the ground floor.
     quality          the candidate against stable on labelled data (quality_spec, quality_metrics, quality_report)
     gate             the candidate measured against stable, verdict and report (gate_stats, gate_report)
     effect_plot      each limit's interval plotted against the limit, for the gate's, canary's and quality's reports
-    promote          every replica switched (first the canary: canary, canary_settings, canary_report), or reverted
-    reconcile        replicas brought back to the desired state in S3
+    promote          the promotion's phases (first the canary: canary, canary_settings, canary_report); cancel turns
+                     SIGTERM into a revert, rollout switches or reverts one replica
+    reconcile        replicas brought back to the desired state in S3, killed promotions settled
     results          every step's result type
     step_settings    every step's settings type and flat parameter table, for the CLI and the pipeline
 """

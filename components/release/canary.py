@@ -6,8 +6,9 @@ the same seconds: a baseline with no traffic split, mesh or ingress (docs/design
 
 A **round** is `round_s` seconds between two readings of every replica's metrics endpoint
 (components/serving/live_metrics.py). Per side (canary, stable) it gives the live requests served, the failed ones,
-the mean latency (Triton's summed request duration over the successes) and, where the servers keep
-summaries, a p99. A round counts when each side served at least `min_requests`.
+the mean latency (Triton's summed request duration over the successes) and a p99: the round's own from
+latency histograms where the servers export them alike on both sides (Triton 26.01 and later), else the
+summaries' last minute. A round counts when each side served at least `min_requests`.
 
 **Before the switch**, `min_rounds` counted rounds compare the canary replicas with the others while both
 serve the stable version. Replicas differ by themselves: another node, another core, what else runs there (on
@@ -19,8 +20,8 @@ loaded TorchScript specialises itself for each input shape it meets first).
 The effects, over the counted rounds, with the gate's statistics (components/release/gate_stats.py):
 - mean latency, canary over stable: the change in the 20% trimmed mean of the per-round log ratios from before
   the switch to after it, with Yuen's two-sample interval (both samples' noise widens it);
-- p99 likewise, but only when rounds last Triton's summary window (60 s) or more: a shorter round's p99
-  reading covers the rounds before it too, and overlapping rounds would make the interval too narrow;
+- p99 likewise; from summaries only when rounds last their window (60 s) or more, since a shorter round's
+  reading covers the rounds before it too and overlapping rounds would make the interval too narrow;
 - failed requests, the canary's share minus the stable's: its change from before the switch, plain means and
   Welch's interval, nothing trimmed (a round of failures is never set aside as an outlier);
 - absolute limits on the canary's own mean latency and p99, like the gate's.
@@ -30,48 +31,29 @@ a revert (the default) or a promotion.
 
 A canary replica whose metrics do not answer, that no longer serves the candidate, or whose counters went
 back (it restarted) fails the canary at once with that reason; a stable replica's reset only loses the round.
-
-`bake` reads the time and waits through a `Clock` (the system's monotonic clock by default) and takes its
-rounds from a `RoundSource` (by default `_rounds`, which reads the replicas' metrics every `round_s`):
-tests/test_canary_decisions.py replays recorded rounds on a clock that moves only when slept on.
+`bake` waits through a `Clock` and takes its rounds from a `RoundSource` (by default `_rounds`, reading the
+metrics every `round_s`): tests/test_canary_decisions.py replays recorded rounds on a clock moved by sleeps.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Protocol
 
 import numpy as np
 
 from components import log
+from components.clock import Clock, SystemClock
 from components.errors import TritonshipError
 from components.release import gate_stats
 from components.release.canary_settings import CanarySettings
 from components.release.results import CanaryResult
-from components.serving.live_metrics import Counts, MetricsUnavailable, Scrape, scrape
+from components.serving.live_metrics import Counts, Histogram, MetricsUnavailable, Scrape, scrape
 from components.serving.replicas import Replica
 
 LOG = log.get("canary")
 Progress = Callable[[str], None]
 NO_LATENCY_MS = 1e6
-
-
-class Clock(Protocol):
-    """Where the canary reads the time (seconds, monotonic) and waits."""
-
-    def now(self) -> float: ...
-
-    def sleep(self, seconds: float) -> None: ...
-
-
-class SystemClock:
-    def now(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
 
 
 class CanaryFault(TritonshipError):
@@ -89,22 +71,31 @@ class Side:
     requests: int
     failures: int
     mean_ms: float | None  # over the successes
-    p99_ms: float | None  # Triton's summary over the last minute, request-weighted over the replicas
+    p99_ms: float | None  # of this round from histograms, else the summary's last minute, request-weighted
+    p99_from: str | None = None  # "histogram" (this round's alone) or "summary"
 
     @property
     def failure_share(self) -> float:
         return self.failures / self.requests if self.requests else 0.0
 
     @classmethod
-    def pooled(cls, deltas: list[Counts]) -> Side:
+    def pooled(cls, deltas: list[Counts], histograms: bool = True) -> Side:
         success = sum(d.success for d in deltas)
-        weighted = [(d.p99_us, d.success) for d in deltas if d.p99_us is not None and d.success > 0]
-        p99 = sum(p * w for p, w in weighted) / sum(w for _, w in weighted) / 1000 if weighted else None
+        pooled = Histogram.pooled([d.histogram for d in deltas if d.histogram]) if histograms else None
+        p99, source = (pooled.quantile_ms(0.99) if pooled and all(d.histogram for d in deltas) else None), "histogram"
+        if p99 is None:
+            weighted = [(d.p99_us, d.success) for d in deltas if d.p99_us is not None and d.success > 0]
+            whole = weighted and len(weighted) == len(deltas)
+            p99, source = (
+                (sum(p * w for p, w in weighted) / sum(w for _, w in weighted) / 1000 if whole else None),
+                "summary",
+            )
         return cls(
             int(sum(d.requests for d in deltas)),
             int(sum(d.failure for d in deltas)),
             sum(d.duration_us for d in deltas) / success / 1000 if success else None,
-            p99 if weighted and len(weighted) == len(deltas) else None,
+            p99,
+            source if p99 is not None else None,
         )
 
 
@@ -310,7 +301,8 @@ def _round(
     settings: CanarySettings,
 ) -> dict:
     """One round's figures per side (and per ensemble member); `counted` says whether it takes part."""
-    sides, notes = {}, []
+    model_deltas: dict[str, list[Counts]] = {}
+    notes: list[str] = []
     members: dict[str, dict[str, float | None]] = {}
     for label, replicas, is_canary in (("canary", canary, True), ("baseline", baseline, False)):
         for name, version in watch.versions(is_canary):
@@ -322,11 +314,14 @@ def _round(
                     notes.append(f"{replica.name} gave no comparable counts for {name} v{version} (restarted?)")
                 else:
                     deltas.append(delta)
-            side = Side.pooled(deltas)
             if name == watch.model:
-                sides[label] = side
+                model_deltas[label] = deltas
             else:
-                members.setdefault(name, {})[f"{label}_mean_ms"] = side.mean_ms
+                members.setdefault(name, {})[f"{label}_mean_ms"] = Side.pooled(deltas).mean_ms
+    # a p99 from histograms only where both sides bucket alike: the first release with buckets of its own is
+    # compared through the summaries
+    bounds = {d.histogram.bounds for deltas in model_deltas.values() for d in deltas if d.histogram}
+    sides = {label: Side.pooled(deltas, histograms=len(bounds) == 1) for label, deltas in model_deltas.items()}
     few = [k for k, s in sides.items() if s.requests < settings.min_requests]
     if few:
         notes.append(f"fewer than {settings.min_requests} live requests on the {' and '.join(few)} side")
@@ -360,7 +355,11 @@ def effects(
     # a side whose every request failed has no latency: the canary's counts as extreme (failures decide it)
     latency = [[(c.mean_ms or NO_LATENCY_MS, b.mean_ms or NO_LATENCY_MS) for c, b in r] for r in (rounds, reference)]
     p99s = [[(c.p99_ms, b.p99_ms) for c, b in r] for r in (rounds, reference)]
-    with_p99 = settings.p99_decides and all(c is not None and b is not None for c, b in p99s[0] + p99s[1])
+    # a summary's p99 covers the last minute, so only rounds that long are apart; a histogram's covers its round
+    per_round = all(s.p99_from == "histogram" for pairs in (rounds, reference) for pair in pairs for s in pair)
+    with_p99 = (settings.p99_decides or per_round) and all(
+        c is not None and b is not None for c, b in p99s[0] + p99s[1]
+    )
     if settings.max_latency_ms:
         absolute("canary mean latency", [c for c, _ in latency[0]], settings.max_latency_ms)
     if settings.max_p99_ms and with_p99:

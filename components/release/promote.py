@@ -35,6 +35,7 @@ from components.release.rollout import PromotionError, Release, revert, switch_r
 from components.release.stage import read_candidate
 from components.repository import ModelRepository, candidate_name, lease_owner
 from components.s3 import S3Error, S3Settings
+from components.serving.live_metrics import MetricsUnavailable, scrape
 from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from components.settings import DEFAULT_LOAD_TIMEOUT_S
@@ -188,6 +189,8 @@ class Promotion:
             config, configs = ensemble.with_serving_settings(config, configs, settings)
         elif settings is not None:
             config = model_config.with_settings(config, settings)
+        if _histograms_everywhere(self.replicas):
+            config = model_config.with_latency_buckets(config)  # the canary's p99 of each round, from now on
         old_members = (
             ensemble.pinned_member_version(self.previous) if self.previous and self.candidate.members else None
         )
@@ -304,6 +307,15 @@ class Promotion:
             f"--replicas {urls}`",
             self.result,
         ) from None
+
+
+def _histograms_everywhere(replicas: list[Replica]) -> bool:
+    """Whether every replica exports latency histograms (Triton 26.01 and later with histogram_latencies=true):
+    only then may a config carry its buckets, which an older Triton refuses."""
+    try:
+        return all(r.metrics_url and scrape(r.metrics_url).has_histograms for r in replicas)
+    except MetricsUnavailable:
+        return False
 
 
 def unload_candidate(gate_url: str, model: str) -> bool:
