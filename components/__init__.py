@@ -6,5 +6,6 @@ Rooms, each importing only from the ones below it (tests/test_layers.py keeps it
     serving/     how Triton is reached: admin API, replicas, perf_analyzer, metrics    | beside each other,
     repository/  the S3 model repository: versions, manifests, desired state, history  | never importing each other
     model/       what a model is: signature, export, compile, parity, config, folder, ensemble
-    (here)       the ground floor: errors, log, clock, settings (every named default), the S3 client
+    (here)       the ground floor: errors, log, clock, settings (every named default), settings_model (what a
+                 step's settings type is made of), the S3 client
 """

@@ -1,14 +1,19 @@
-"""Every step's named defaults, the flat parameter tables a person sets, and the gate's settings.
+"""Every step's named defaults, and the gate's settings.
 
-A step's table (GATE_PARAMETERS here, the others in components/release/step_settings.py) is the flat form of its
-settings type: the `tritonship` options and the KFP pipeline's parameters take their names, defaults and
-help from it, and tests/test_settings.py checks that the three agree. A limit or rate of 0 is off, in
-every form (None is off too, from Python)."""
+Each default is named once here and read by the step, its settings type (the gate's below; the others' in
+components/release/step_settings.py, canary_settings.py, quality_spec.py and
+components/repository/maintenance_settings.py) and so by the `tritonship` options and the KFP pipeline's
+parameters, which are made from the settings types (components/settings_model.py says how). A limit or rate of
+0 is off, in every form (None is off too, from Python)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Literal, get_args
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import Field
+
+from components.settings_model import Off, StepSettings, flattened, setting, step_settings
 
 Design = Literal["duet", "alternating"]
 DESIGNS: tuple[Design, ...] = ("duet", "alternating")
@@ -72,81 +77,6 @@ PIPELINE_DIFFERENCES: dict[str, Any] = {
 
 
 @dataclass(frozen=True)
-class Parameter:
-    """One setting as a person sets it: a `tritonship` option of the step's command and a pipeline parameter."""
-
-    default: Any
-    help: str
-    pipeline: str | None = ""  # its name among the pipeline's parameters: "" the same name, None not one
-    cli: bool = True  # an option of the step's `tritonship` command
-
-    def pipeline_name(self, name: str) -> str | None:
-        return name if self.pipeline == "" else self.pipeline
-
-    def pipeline_default(self, name: str) -> Any:
-        return PIPELINE_DIFFERENCES.get(self.pipeline_name(name) or "", self.default)
-
-
-def refuse_invalid(what: str, problems: list[str]) -> None:
-    """A settings type's validation: one ValueError naming every problem found (the empty strings are none)."""
-    if any(problems):
-        raise ValueError(f"invalid {what} settings: " + "; ".join(p for p in problems if p))
-
-
-def typed_flat(table: dict[str, Parameter], flat: dict[str, Any], what: str) -> dict[str, Any]:
-    """A flat form's values by the table (as KFP hands them over, text or floats for whole numbers become the
-    default's type); missing names take their default; an unknown name or a value of the wrong type is refused."""
-    unknown = sorted(set(flat) - set(table))
-    if unknown:
-        raise ValueError(f"invalid {what} settings: no parameter named {', '.join(unknown)}")
-    values = {}
-    for name, parameter in table.items():
-        value, kind = flat.get(name, parameter.default), type(parameter.default)
-        try:
-            if value is None or parameter.default is None:
-                values[name] = value
-            elif kind is bool:
-                values[name] = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
-            else:
-                values[name] = int(float(value)) if kind is int else kind(value)
-        except ValueError:
-            raise ValueError(f"invalid {what} settings: {name} must be a {kind.__name__}, not {value!r}") from None
-    return values
-
-
-class FlatSettings:
-    """from_flat for a settings type whose fields are its table's names."""
-
-    PARAMETERS: ClassVar[dict[str, Parameter]]
-    WHAT: ClassVar[str]
-
-    @classmethod
-    def from_flat(cls, **flat: Any) -> Any:
-        return cls(**typed_flat(cls.PARAMETERS, flat, cls.WHAT))
-
-
-GATE_PARAMETERS: dict[str, Parameter] = {
-    "concurrency": Parameter(DEFAULT_CONCURRENCY, "perf_analyzer concurrency, per model"),
-    "request_rate": Parameter(0.0, "a fixed request rate per model instead of concurrency; 0 is off"),
-    "window_ms": Parameter(DEFAULT_WINDOW_MS, "length of one measured window, ms"),
-    "design": Parameter(DEFAULT_DESIGN, "duet (candidate and stable measured at once) or alternating"),
-    "min_rounds": Parameter(DEFAULT_MIN_ROUNDS, "rounds measured before any decision"),
-    "budget_s": Parameter(
-        DEFAULT_BUDGET_S,
-        "seconds of the whole decision, loading included, after which an undecided gate is inconclusive",
-    ),
-    "max_p99_ms": Parameter(0.0, "absolute limit on the candidate's p99 latency, ms; 0 is off"),
-    "min_throughput": Parameter(0.0, "absolute limit on the candidate's inferences/s; 0 is off"),
-    "max_p99_regression_pct": Parameter(
-        DEFAULT_MAX_REGRESSION_PCT, "p99 growth allowed against stable, percent; 0 is off"
-    ),
-    "max_throughput_regression_pct": Parameter(
-        DEFAULT_MAX_REGRESSION_PCT, "throughput loss allowed against stable, percent; 0 is off"
-    ),
-}
-
-
-@dataclass(frozen=True)
 class Limits:
     """The limits that apply to one decision; None is off. Relative ones are fractions (0.10 = 10%)."""
 
@@ -156,36 +86,55 @@ class Limits:
     max_throughput_drop: float | None = None
 
 
-@dataclass(frozen=True)
-class LoadSettings:
-    """How perf_analyzer loads the server."""
+@step_settings("perf_analyzer load")
+class LoadSettings(StepSettings):
+    """How perf_analyzer loads the server; `tritonship tune`'s load options are these (the gate's load is its
+    own settings', GateSettings.load)."""
 
-    concurrency: int = 1
-    request_rate: float | None = None  # if set, a fixed request rate instead of concurrency
-    window_ms: int = DEFAULT_WINDOW_MS
-    stability_pct: float = 20.0
-    max_trials: int = 10
+    concurrency: Annotated[
+        int, setting("perf_analyzer concurrency, per model (tune at the gate's)", pipeline=None, ge=1)
+    ] = 1
+    # if set, a fixed request rate instead of concurrency
+    request_rate: Annotated[
+        Off,
+        setting(
+            "a fixed request rate per model instead of the concurrency, /s (tune: the lowest p99 that keeps up "
+            "wins); 0 is off",
+            pipeline=None,
+        ),
+    ] = None
+    window_ms: Annotated[int, setting("perf_analyzer measurement window, ms", pipeline=None, ge=100)] = (
+        DEFAULT_WINDOW_MS
+    )
+    stability_pct: Annotated[
+        float,
+        setting(
+            f"perf_analyzer stability threshold, %; {RELAXED_STABILITY_PCT:g} takes any three windows",
+            pipeline=None,
+            gt=0,
+        ),
+    ] = 20.0
+    max_trials: Annotated[int, Field(ge=1)] = 10
     percentile: int | None = None  # stabilise on this latency percentile; None: on average latency
-    batch_size: int = 1
+    batch_size: Annotated[int, Field(ge=1)] = 1
     protocol: str = "http"
     # client threads at a fixed request rate (None: rate_threads); perf_analyzer's own default (4 synchronous
     # HTTP threads) cannot send more than about 1,000 requests/s whatever the rate asked (measured on the H200)
     max_threads: int | None = None
 
 
-@dataclass(frozen=True)
-class Thresholds:
-    """Limits; None is off. Relative ones are percent against the stable version."""
+@step_settings("gate")
+class Thresholds(StepSettings):
+    """The gate's limits; None (or 0) is off. Relative ones are percent against the stable version."""
 
-    max_p99_ms: float | None = None  # absolute: candidate p99 latency at the gate load
-    min_throughput: float | None = None  # absolute: candidate inferences/s at the gate load
-    max_p99_regression_pct: float | None = DEFAULT_MAX_REGRESSION_PCT
-    max_throughput_regression_pct: float | None = DEFAULT_MAX_REGRESSION_PCT
-
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if value is not None and value <= 0:
-                raise ValueError(f"the gate limit {name} must be positive (0 or none switches it off), not {value}")
+    max_p99_ms: Annotated[Off, setting("absolute limit on the candidate's p99 latency, ms; 0 is off")] = None
+    min_throughput: Annotated[Off, setting("absolute limit on the candidate's inferences/s; 0 is off")] = None
+    max_p99_regression_pct: Annotated[Off, setting("p99 growth allowed against stable, percent; 0 is off")] = (
+        DEFAULT_MAX_REGRESSION_PCT
+    )
+    max_throughput_regression_pct: Annotated[
+        Off, setting("throughput loss allowed against stable, percent; 0 is off")
+    ] = DEFAULT_MAX_REGRESSION_PCT
 
     @property
     def relative(self) -> bool:
@@ -205,58 +154,25 @@ class Thresholds:
         )
 
 
-@dataclass(frozen=True)
-class GateSettings:
-    concurrency: int = DEFAULT_CONCURRENCY
-    request_rate: float | None = None  # a fixed request rate per model instead of concurrency
-    window_ms: int = DEFAULT_WINDOW_MS
-    thresholds: Thresholds = field(default_factory=Thresholds)
-    design: Design = DEFAULT_DESIGN
-    min_rounds: int = DEFAULT_MIN_ROUNDS
-    budget_s: float = DEFAULT_BUDGET_S  # the whole decision's seconds after which an undecided gate is inconclusive
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS  # perf_analyzer runs per round before the round counts as lost
-    confidence: float = DEFAULT_CONFIDENCE
-    perf_timeout_s: float = DEFAULT_PERF_TIMEOUT_S
-
-    def __post_init__(self) -> None:
-        refuse_invalid(
-            "gate",
-            [
-                f"concurrency must be at least 1, not {self.concurrency}" if self.concurrency < 1 else "",
-                f"window_ms must be at least 100, not {self.window_ms}" if self.window_ms < 100 else "",
-                f"design must be one of {', '.join(DESIGNS)}, not {self.design!r}"
-                if self.design not in DESIGNS
-                else "",
-                f"min_rounds must be at least {DEFAULT_MIN_ROUNDS}, not {self.min_rounds}"
-                if self.min_rounds < DEFAULT_MIN_ROUNDS
-                else "",
-                f"budget_s must be positive, not {self.budget_s}" if self.budget_s <= 0 else "",
-                f"max_attempts must be at least 1, not {self.max_attempts}" if self.max_attempts < 1 else "",
-                f"confidence must be between 0.5 and 1, not {self.confidence}"
-                if not 0.5 <= self.confidence < 1
-                else "",
-            ],
-        )
-
-    @classmethod
-    def from_flat(cls, **flat: Any) -> GateSettings:
-        """From GATE_PARAMETERS' flat form (CLI options, KFP parameters; values may come as text or floats
-        from KFP): missing names take their default, a limit or rate of 0 or None is off."""
-        values = typed_flat(GATE_PARAMETERS, flat, "gate")
-        off = lambda v: v if v else None  # noqa: E731
-        thresholds = Thresholds(
-            *(
-                off(values.pop(n))
-                for n in ("max_p99_ms", "min_throughput", "max_p99_regression_pct", "max_throughput_regression_pct")
-            )
-        )
-        return cls(thresholds=thresholds, request_rate=off(values.pop("request_rate")), **values)
-
-    def to_flat(self) -> dict[str, Any]:
-        """The inverse of from_flat (0 for what is off)."""
-        flat = {name: getattr(self, name, None) for name in GATE_PARAMETERS}
-        flat.update(asdict(self.thresholds))
-        return {name: (0.0 if value is None else value) for name, value in flat.items()}
+@step_settings("gate")
+class GateSettings(StepSettings):
+    concurrency: Annotated[int, setting("perf_analyzer concurrency, per model", ge=1)] = DEFAULT_CONCURRENCY
+    request_rate: Annotated[Off, setting("a fixed request rate per model instead of concurrency; 0 is off")] = None
+    window_ms: Annotated[int, setting("length of one measured window, ms", ge=100)] = DEFAULT_WINDOW_MS
+    thresholds: Thresholds = flattened(Thresholds)
+    design: Annotated[Design, setting("duet (candidate and stable measured at once) or alternating")] = DEFAULT_DESIGN
+    min_rounds: Annotated[int, setting("rounds measured before any decision", ge=DEFAULT_MIN_ROUNDS)] = (
+        DEFAULT_MIN_ROUNDS
+    )
+    budget_s: Annotated[
+        float,
+        setting("seconds of the whole decision, loading included, after which an undecided gate is inconclusive", gt=0),
+    ] = DEFAULT_BUDGET_S
+    # the code's own: perf_analyzer runs per round before the round counts as lost, the intervals' confidence and
+    # one perf_analyzer run's time limit
+    max_attempts: Annotated[int, Field(ge=1)] = DEFAULT_MAX_ATTEMPTS
+    confidence: Annotated[float, Field(ge=0.5, lt=1)] = DEFAULT_CONFIDENCE
+    perf_timeout_s: Annotated[float, Field(gt=0)] = DEFAULT_PERF_TIMEOUT_S
 
     @property
     def load(self) -> LoadSettings:

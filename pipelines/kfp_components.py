@@ -25,7 +25,7 @@ def export_op(model_source: str, checkpoint: str, signature: str, settings: dict
     from components.model.export import export
     from components.release.step_settings import ExportSettings
 
-    chosen = ExportSettings.from_flat(**settings["export"])
+    chosen = ExportSettings.from_flat(**settings)
     with tempfile.TemporaryDirectory() as tmp:
         signature_path = Path(tmp) / "signature.yaml"
         signature_path.write_text(signature)
@@ -34,34 +34,6 @@ def export_op(model_source: str, checkpoint: str, signature: str, settings: dict
             signature_path,
             Path(exported.path),
             checkpoint=checkpoint or None,
-            samples=chosen.golden_samples,
-            method=chosen.method,
-        )
-    exported.metadata.update({"method": result.method, "fallback_reason": result.fallback_reason or ""})
-
-
-@step("tools")
-def export_trained_op(
-    trained: Input[Model], model_factory: str, signature: str, settings: dict, exported: Output[Model]
-):
-    """Export a model artifact from a training pipeline: a state_dict for `model_factory`, or a saved model."""
-    import tempfile
-    from pathlib import Path
-
-    from components.model.export import export
-    from components.release.step_settings import ExportSettings
-
-    chosen = ExportSettings.from_flat(**settings["export"])
-    source = Path(trained.path)
-    with tempfile.TemporaryDirectory() as tmp:
-        signature_path = Path(tmp) / "signature.yaml"
-        signature_path.write_text(signature)
-        model, checkpoint = (model_factory, str(source)) if model_factory else (str(source), None)
-        result = export(
-            model,
-            signature_path,
-            Path(exported.path),
-            checkpoint=checkpoint,
             samples=chosen.golden_samples,
             method=chosen.method,
         )
@@ -82,7 +54,7 @@ def compile_op(
     from components.model.compile import compile_model
     from components.release.step_settings import CompileSettings
 
-    chosen = CompileSettings.from_flat(**settings["compile"])
+    chosen = CompileSettings.from_flat(**settings)
     result = compile_model(Path(exported.path), Path(compiled.path), model_name, **chosen.step_arguments())
     for row in result.parity:
         parity.log_metric(f"{row.name}.{row.check}.max_abs_err", row.max_abs_err)
@@ -102,7 +74,7 @@ def publish_op(compiled: Input[Model], repository: str, s3_endpoint: str, run_id
     from components.release.step_settings import PublishSettings
     from components.s3 import S3Settings
 
-    chosen = PublishSettings.from_flat(**settings["publish"])
+    chosen = PublishSettings.from_flat(**settings)
     result = publish(
         Path(compiled.path),
         repository,
@@ -130,7 +102,7 @@ def stage_op(
         resolve(gate)[0].url,
         s3=S3Settings.from_env(s3_endpoint),
         run_id=run_id,
-        load_timeout=ModelLoadSettings.from_flat(**settings["load"]).load_timeout_s,
+        load_timeout=ModelLoadSettings.from_flat(**settings).load_timeout_s,
     )
     return result.to_json()
 
@@ -158,13 +130,9 @@ def tune_op(
     from components.release.tune import tune
     from components.s3 import S3Settings
     from components.serving.replicas import resolve
-    from components.settings import GateSettings
 
     staged = StageResult.from_json(stage_result)
-    gating = GateSettings.from_flat(**settings["gate"])  # tuned at the gate's load, within its p99 limit
-    tuning = TuneSettings.from_flat(
-        load=gating.load, **{**settings["tune"], "max_p99_ms": gating.thresholds.max_p99_ms or 0.0}
-    )
+    tuning = TuneSettings.from_flat(**settings)  # at the gate's load, within its p99 limit (settings_op)
     server = resolve(gate)[0]  # a k8s:// gate also gives its metrics endpoint: GPU/CPU figures per trial
     result = tune(
         repository,
@@ -210,7 +178,7 @@ def quality_op(
     from components.s3 import S3Settings
     from components.serving.replicas import resolve
 
-    chosen = QualitySettings.from_flat(**settings["quality"])
+    chosen = QualitySettings.from_flat(**settings)
     if not chosen.enabled or not StageResult.from_json(stage_result).accuracy_passed:
         Path(report.path).write_text("# Quality: not run\n")
         Path(report_html.path).write_text("<p>Quality: not run</p>")
@@ -243,14 +211,30 @@ def quality_op(
 
 
 @step("tools")
-def settings_op(flat: dict, quality_spec: str = "") -> dict:
-    """Every step's settings from the pipeline's parameters, checked before anything runs: a wrong one fails
-    here, not after the GPU compile. Returns each step's flat settings by step (export, compile, load, tune,
-    quality, gate). The quality spec comes apart from `flat`: KFP's local runner writes a pipeline parameter into
-    a dict unescaped, so a spec's quotes or line breaks would break the task's input."""
+def settings_op(parameters: dict, quality_spec: str = "") -> NamedTuple(
+    "Steps",
+    [
+        ("export", dict),
+        ("compile", dict),
+        ("publish", dict),
+        ("load", dict),
+        ("tune", dict),
+        ("quality", dict),
+        ("gate", dict),
+        ("promote", dict),
+    ],
+):
+    """Every step's settings from the pipeline's parameters, checked before anything runs: a wrong one fails here,
+    not after the GPU compile. Returns each task's own settings (components/release/step_settings.py
+    PIPELINE_STEPS), so a task's inputs, and KFP's cache of it, change only with its own step's settings. The
+    quality spec comes apart from `parameters`: KFP's local runner writes a pipeline parameter into a dict
+    unescaped, so a spec's quotes or line breaks would break the task's input."""
+    from collections import namedtuple
+
     from components.release.step_settings import pipeline_settings
 
-    return pipeline_settings({**flat, **({"quality_spec": quality_spec} if quality_spec else {})})
+    steps = pipeline_settings({**parameters, **({"quality_spec": quality_spec} if quality_spec else {})})
+    return namedtuple("Steps", list(steps))(**steps)
 
 
 @step("gate")
@@ -287,7 +271,7 @@ def gate_op(
             model_name,
             int(version),
             server.url,
-            GateSettings.from_flat(**settings["gate"]),
+            GateSettings.from_flat(**settings),
             StageResult.from_json(stage_result),
             Path(tmp),
             s3=S3Settings.from_env(s3_endpoint),
@@ -336,7 +320,7 @@ def promote_op(
     from components.s3 import S3Settings
     from components.serving.replicas import resolve
 
-    chosen = PromoteSettings.from_flat(**settings["load"], **settings["canary"])
+    chosen = PromoteSettings.from_flat(**settings)
     decided = Verdict.from_json(verdict_json)
     try:
         result = promote(

@@ -6,6 +6,8 @@ very same functions in this environment. Secrets never pass through parameters: 
 from a Kubernetes Secret as environment variables (kfp-kubernetes), or from the environment locally.
 """
 
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 from kfp import dsl, kubernetes
@@ -27,7 +29,9 @@ from pipelines.kfp_components import (
     tune_op,
 )
 
-STEP = pipeline_parameters()
+STEP = pipeline_parameters()  # every step setting that is a pipeline parameter, by its name there
+# release_steps' tasks' settings, by settings_op's outputs (components/release/step_settings.py PIPELINE_STEPS)
+RELEASE_STEPS = ("publish", "load", "quality", "tune", "gate", "promote")
 AWS_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
 ADMIN_SECRET_KEYS = {"admin-key": admin_key.ENV}  # the Secret the Helm chart's Tritons take their admin key from
 # One line: KFP copies defaults into the compiled file's header comment, and a multi-line default breaks it.
@@ -60,8 +64,15 @@ def release_steps(
     admin_secret_name: str,
     replicas: str,
     gate: str,
-    settings: dict,
+    publish_settings: dict,
+    load_settings: dict,
+    quality_settings: dict,
+    tune_settings: dict,
+    gate_settings: dict,
+    promote_settings: dict,
 ):
+    """Each task takes its own step's settings (settings_op's outputs, `steps_settings`): a change to one step's
+    leaves the other tasks' inputs, and so KFP's cache of them, as they were."""
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
     cleanup = _with_secrets(
         finish_release_op(
@@ -78,7 +89,11 @@ def release_steps(
     with dsl.ExitHandler(cleanup, name="always-finish-release"):
         published = _with_s3_secret(
             publish_op(
-                compiled=compiled, repository=repository, s3_endpoint=s3_endpoint, run_id=run_id, settings=settings
+                compiled=compiled,
+                repository=repository,
+                s3_endpoint=s3_endpoint,
+                run_id=run_id,
+                settings=publish_settings,
             ),
             aws_secret_name,
         )
@@ -91,7 +106,7 @@ def release_steps(
                 gate=gate,
                 s3_endpoint=s3_endpoint,
                 run_id=run_id,
-                settings=settings,
+                settings=load_settings,
             ),
             aws_secret_name,
             admin_secret_name,
@@ -105,7 +120,7 @@ def release_steps(
                 stage_result=staged.output,
                 s3_endpoint=s3_endpoint,
                 run_id=run_id,
-                settings=settings,
+                settings=quality_settings,
             ),
             aws_secret_name,
             admin_secret_name,
@@ -119,7 +134,7 @@ def release_steps(
                 stage_result=staged.output,
                 s3_endpoint=s3_endpoint,
                 run_id=run_id,
-                settings=settings,
+                settings=tune_settings,
             ),
             aws_secret_name,
             admin_secret_name,
@@ -135,7 +150,7 @@ def release_steps(
                 quality_json=judged.outputs["Output"],
                 s3_endpoint=s3_endpoint,
                 run_id=run_id,
-                settings=settings,
+                settings=gate_settings,
             ),
             aws_secret_name,
             admin_secret_name,
@@ -152,7 +167,7 @@ def release_steps(
                     tuning_json=tuned.outputs["Output"],
                     s3_endpoint=s3_endpoint,
                     run_id=run_id,
-                    settings=settings,
+                    settings=promote_settings,
                 ),
                 aws_secret_name,
                 admin_secret_name,
@@ -173,10 +188,15 @@ def release_steps(
             )
 
 
+def steps_settings(checked: dsl.PipelineTask) -> dict[str, Any]:
+    """release_steps' settings arguments from settings_op's task."""
+    return {f"{step}_settings": checked.outputs[step] for step in RELEASE_STEPS}
+
+
 def _compile_task(
     exported: dsl.PipelineTask,
     model_name: str,
-    settings: Any,  # the settings step's output
+    settings: Any,  # settings_op's compile output
     gpu_count: int,
     gpu_node_selector: dict,
     gpu_tolerations: list,
@@ -207,7 +227,7 @@ Args:
 """
 
 
-def release_pipeline(
+def _release_pipeline(
     model_source: str = "mypackage.models:build_model",
     checkpoint: str = "",
     signature: str = DEFAULT_SIGNATURE,
@@ -221,54 +241,20 @@ def release_pipeline(
     admin_secret_name: str = "tritonship-triton-admin",
     replicas: str = "k8s://triton/app.kubernetes.io/component=production",
     gate: str = "k8s://triton/app.kubernetes.io/component=gate",
-    # every step's settings: names, defaults and help from components/release/step_settings.py's tables
-    golden_samples: int = STEP["golden_samples"].default,
-    export_method: str = STEP["export_method"].default,
-    compile_target: str = STEP["compile_target"].pipeline_default("compile_target"),
-    precision: str = STEP["precision"].pipeline_default("precision"),
-    compile_device: str = STEP["compile_device"].pipeline_default("compile_device"),
-    tensorrt_opt_batch: int = STEP["tensorrt_opt_batch"].default,
-    tensorrt_workspace_gb: float = STEP["tensorrt_workspace_gb"].default,
-    serving_torch: str = STEP["serving_torch"].default,
-    load_timeout_s: float = STEP["load_timeout_s"].default,
-    tune: bool = STEP["tune"].default,
-    tune_budget: int = STEP["tune_budget"].default,
-    tune_p99_slack_pct: float = STEP["tune_p99_slack_pct"].default,
-    tune_min_gain_pct: float = STEP["tune_min_gain_pct"].default,
-    tune_instance_counts: str = STEP["tune_instance_counts"].default,
-    tune_intra_op_threads: str = STEP["tune_intra_op_threads"].default,
-    eval_data: str = STEP["eval_data"].default,
-    quality_spec: str = STEP["quality_spec"].default,
-    concurrency: int = STEP["concurrency"].default,
-    request_rate: float = STEP["request_rate"].default,
-    window_ms: int = STEP["window_ms"].default,
-    design: str = STEP["design"].default,
-    min_rounds: int = STEP["min_rounds"].default,
-    budget_s: float = STEP["budget_s"].default,
-    max_p99_ms: float = STEP["max_p99_ms"].default,
-    min_throughput: float = STEP["min_throughput"].default,
-    max_p99_regression_pct: float = STEP["max_p99_regression_pct"].default,
-    max_throughput_regression_pct: float = STEP["max_throughput_regression_pct"].default,
-    canary: bool = STEP["canary"].default,
-    canary_replicas: int = STEP["canary_replicas"].default,
-    canary_round_s: float = STEP["canary_round_s"].default,
-    canary_max_bake_s: float = STEP["canary_max_bake_s"].default,
-    canary_min_rounds: int = STEP["canary_min_rounds"].default,
-    canary_min_requests: int = STEP["canary_min_requests"].default,
-    canary_max_latency_regression_pct: float = STEP["canary_max_latency_regression_pct"].default,
-    canary_max_p99_regression_pct: float = STEP["canary_max_p99_regression_pct"].default,
-    canary_max_failure_increase_pct: float = STEP["canary_max_failure_increase_pct"].default,
-    canary_max_latency_ms: float = STEP["canary_max_latency_ms"].default,
-    canary_max_p99_ms: float = STEP["canary_max_p99_ms"].default,
-    canary_on_inconclusive: str = STEP["canary_on_inconclusive"].default,
+    **steps: Any,  # every step's settings, by their pipeline names (STEP)
 ):
-    given = locals()  # the steps' settings travel as one dict, checked before anything runs
-    checked = settings_op(flat={n: given[n] for n in STEP if n != "quality_spec"}, quality_spec=quality_spec)
+    # checked once, before anything runs; each task then gets its own step's
+    parameters = {n: v for n, v in steps.items() if n != "quality_spec"}
+    checked = settings_op(parameters=parameters, quality_spec=steps["quality_spec"])
     exported = _with_s3_secret(
-        export_op(model_source=model_source, checkpoint=checkpoint, signature=signature, settings=checked.output),
+        export_op(
+            model_source=model_source, checkpoint=checkpoint, signature=signature, settings=checked.outputs["export"]
+        ),
         aws_secret_name,
     )
-    compiled = _compile_task(exported, model_name, checked.output, gpu_count, gpu_node_selector, gpu_tolerations)
+    compiled = _compile_task(
+        exported, model_name, checked.outputs["compile"], gpu_count, gpu_node_selector, gpu_tolerations
+    )
     release_steps(
         compiled=compiled.outputs["compiled"],
         model_name=model_name,
@@ -278,11 +264,30 @@ def release_pipeline(
         admin_secret_name=admin_secret_name,
         replicas=replicas,
         gate=gate,
-        settings=checked.output,
+        **steps_settings(checked),
     )
 
 
-# The compiled pipeline carries each parameter's description (the UI shows it); the steps' come from their
-# tables like the CLI's.
-release_pipeline.__doc__ = RELEASE_ARGS + "".join(f"    {n}: {p.help}\n" for n, p in STEP.items())
-release_pipeline = dsl.pipeline(name="tritonship-release")(release_pipeline)
+def with_step_parameters(body: Callable[..., Any], doc: str) -> Callable[..., Any]:
+    """`body` with every step setting that is a pipeline parameter (STEP) as a parameter of its own after body's:
+    KFP reads this signature, and each parameter's description from the docstring, made from the settings
+    types like the CLI's options. KFP calls it with every parameter in order; body gets the steps' as keywords."""
+    own = [p for p in inspect.signature(body).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    made = [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=p.default, annotation=p.pipeline_kind)
+        for name, p in STEP.items()
+    ]
+    signature = inspect.Signature([*own, *made])
+
+    def release_pipeline(*args: Any, **kwargs: Any) -> Any:
+        given = signature.bind(*args, **kwargs)
+        given.apply_defaults()
+        return body(**given.arguments)
+
+    release_pipeline.__signature__ = signature  # type: ignore[attr-defined]
+    release_pipeline.__doc__ = doc + "".join(f"    {n}: {p.help}\n" for n, p in STEP.items())
+    return release_pipeline
+
+
+# The compiled pipeline carries each parameter's description (the UI shows it).
+release_pipeline = dsl.pipeline(name="tritonship-release")(with_step_parameters(_release_pipeline, RELEASE_ARGS))

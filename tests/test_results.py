@@ -177,7 +177,7 @@ def test_the_pipelines_canary_report_is_the_clis_with_its_plot(tmp_path, monkeyp
         tuning_json=TuneResult("m", 3, default, default, None, 1).to_json(),
         s3_endpoint="http://s3:9000",
         run_id="run",
-        settings=pipeline_settings({}),
+        settings=pipeline_settings({})["promote"],
         report=report,
         report_html=report_html,
     )

@@ -1,9 +1,11 @@
-"""One home for every default: components/settings.py names the gate's settings (GATE_PARAMETERS: names, defaults,
-help) and every other step's defaults; the `tritonship` options, the compiled pipeline's parameters and the
-steps agree with it, and "off" is 0 in every form."""
+"""One home for every setting: each step's settings type (components/settings_model.py says how) declares its
+options' names, defaults, bounds and help; the `tritonship` options and the compiled pipeline's parameters are
+made from them and agree with them, no option is declared anywhere else, and "off" is 0 in every form."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import inspect
 from pathlib import Path
 from typing import Any
@@ -14,20 +16,42 @@ import yaml
 from typer.testing import CliRunner
 
 from components import settings
+from components.release.canary_settings import CanarySettings
 from components.release.step_settings import (
-    STEP_PARAMETERS,
+    COMMANDS,
+    PIPELINE_STEPS,
     CompileSettings,
     ExportSettings,
     ModelLoadSettings,
+    PromoteSettings,
+    PublishSettings,
     TuneSettings,
     pipeline_parameters,
     pipeline_settings,
 )
 from components.repository.maintenance_settings import RepoGcSettings
-from components.settings import GateSettings, Thresholds
+from components.settings import GateSettings, LoadSettings, Thresholds
+from components.settings_model import SettingsError
 from pipelines.cli import app
 
-COMPILED = Path(__file__).resolve().parents[1] / "pipelines" / "release_pipeline.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+COMPILED = ROOT / "pipelines" / "release_pipeline.yaml"
+# release_pipeline's own parameters: where it runs and what it releases, none a step's setting
+WIRING = {
+    "model_source",
+    "checkpoint",
+    "signature",
+    "model_name",
+    "gpu_count",
+    "gpu_node_selector",
+    "gpu_tolerations",
+    "repository",
+    "s3_endpoint",
+    "aws_secret_name",
+    "admin_secret_name",
+    "replicas",
+    "gate",
+}
 
 
 def _cli_options(*command: str) -> dict[str, Any]:
@@ -37,43 +61,156 @@ def _cli_options(*command: str) -> dict[str, Any]:
     return {p.name: p for p in group.params}
 
 
-def _pipeline_parameters() -> dict[str, Any]:
-    spec = next(yaml.safe_load_all(COMPILED.read_text()))
-    return spec["root"]["inputDefinitions"]["parameters"]
+def _compiled() -> dict[str, Any]:
+    return next(yaml.safe_load_all(COMPILED.read_text()))
 
 
-@pytest.mark.parametrize("command", list(STEP_PARAMETERS), ids=" ".join)
-def test_each_steps_options_pipeline_parameters_and_settings_type_take_the_tables_names_defaults_and_help(command):
-    table, kind = STEP_PARAMETERS[command]
-    options, pipeline = _cli_options(*command), _pipeline_parameters()
-    for name, parameter in table.items():
-        if parameter.cli:
-            assert options[name].default == parameter.default, name
-            assert options[name].help == parameter.help, name
-        else:
+@pytest.mark.parametrize("command", list(COMMANDS), ids=" ".join)
+def test_each_steps_cli_options_are_its_settings_options(command):
+    kind, options = COMMANDS[command], _cli_options(*command)
+    for name, option in kind.options().items():
+        if not option.cli:
             assert name not in options, name
-        if pipeline_name := parameter.pipeline_name(name):
-            assert pipeline[pipeline_name].get("defaultValue") == parameter.pipeline_default(name), pipeline_name
-            assert pipeline[pipeline_name]["description"] == parameter.help, pipeline_name
-    assert kind.from_flat() == kind()  # the table's defaults are the settings type's
+            continue
+        made = options[name]
+        assert (made.default, made.help, made.envvar) == (option.default, option.help, option.envvar), name
+        assert option.flag in made.opts and set(option.flags) <= set(made.opts), name
+    assert kind.from_flat() == kind() and kind.from_flat(**kind().to_flat()) == kind()
+
+
+def test_the_pipelines_parameters_are_the_settings_options_by_construction():
+    from pipelines.pipeline import release_pipeline
+
+    signature = inspect.signature(release_pipeline.pipeline_func).parameters
+    compiled = _compiled()["root"]["inputDefinitions"]["parameters"]
+    made = pipeline_parameters()
+    assert set(signature) == set(compiled) == WIRING | set(made)
+    for name, parameter in made.items():
+        assert signature[name].default == compiled[name].get("defaultValue") == parameter.default, name
+        assert signature[name].annotation is parameter.pipeline_kind, name
+        assert compiled[name]["description"] == parameter.help, name
+    assert all(p.get("description") for p in compiled.values())  # every parameter is explained
 
 
 def test_the_pipeline_differs_from_the_cli_only_where_it_says_so():
-    differing = {n for n, p in pipeline_parameters().items() if p.pipeline_default(n) != p.default}
+    options = {o.pipeline: o for kind in PIPELINE_STEPS.values() for o in kind.options().values() if o.pipeline}
+    differing = {n for n, p in pipeline_parameters().items() if p.default != options[n].default}
     assert differing == set(settings.PIPELINE_DIFFERENCES) == {"compile_target", "precision", "compile_device"}
-    assert all(p.get("description") for p in _pipeline_parameters().values())  # every parameter is explained
 
 
 def test_the_pipelines_settings_are_checked_before_anything_runs_and_reach_each_step():
-    steps = pipeline_settings({"tune_budget": "4", "export_method": "trace", "max_p99_ms": 5})
-    assert TuneSettings.from_flat(**steps["tune"]).budget == 4
+    steps = pipeline_settings({"tune_budget": "4", "export_method": "trace", "max_p99_ms": 5, "concurrency": 2})
+    assert set(steps) == set(PIPELINE_STEPS)
     assert ExportSettings.from_flat(**steps["export"]).method == "trace"
     assert CompileSettings.from_flat(**steps["compile"]).target == settings.PIPELINE_TARGET
     assert GateSettings.from_flat(**steps["gate"]).thresholds.max_p99_ms == 5
-    with pytest.raises(ValueError, match="instance_counts must be whole numbers"):
+    tuning = TuneSettings.from_flat(**steps["tune"])  # at the gate's load, within its p99 limit
+    assert (tuning.budget, tuning.max_p99_ms, tuning.load) == (4, 5, GateSettings.from_flat(**steps["gate"]).load)
+    assert PromoteSettings.from_flat(**steps["promote"]) == PromoteSettings()
+    with pytest.raises(SettingsError, match="instance_counts must be whole numbers"):
         pipeline_settings({"tune_instance_counts": "2,0"})
-    with pytest.raises(ValueError, match="no parameter named rounds"):
+    with pytest.raises(SettingsError, match="no parameter named rounds"):
         pipeline_settings({"rounds": 3})
+
+
+@pytest.mark.parametrize(
+    ("changed", "steps"),
+    [
+        ({"canary_round_s": 30.0}, {"promote"}),
+        ({"load_timeout_s": 60.0}, {"load", "promote"}),
+        ({"max_p99_ms": 5.0}, {"gate", "tune"}),
+        ({"max_throughput_regression_pct": 5.0}, {"gate"}),
+        ({"precision": "fp32"}, {"compile"}),
+    ],
+)
+def test_each_task_gets_only_its_own_steps_settings_so_kfp_caches_the_rest(changed, steps):
+    before, after = pipeline_settings({}), pipeline_settings(changed)
+    assert {step for step in before if before[step] != after[step]} == steps
+
+
+def test_each_pipeline_task_is_handed_its_own_steps_settings():
+    from pipelines.kfp_components import settings_op
+
+    assert list(settings_op.component_spec.outputs) == list(PIPELINE_STEPS)
+    spec = _compiled()
+    tasks = {
+        n: t for c in [spec["root"], *spec["components"].values()] for n, t in c.get("dag", {}).get("tasks", {}).items()
+    }
+
+    def fed(task: str, name: str = "settings") -> str:
+        given = tasks[task]["inputs"]["parameters"][name]
+        return given.get("taskOutputParameter", {}).get("outputParameterKey") or given["componentInputParameter"]
+
+    assert (fed("export-op"), fed("compile-op")) == ("export", "compile")
+    release = next(n for n in tasks if n.endswith("release-steps"))
+    ops = {
+        "publish": "publish",
+        "stage": "load",
+        "quality": "quality",
+        "tune": "tune",
+        "gate": "gate",
+        "promote": "promote",
+    }
+    for op, step in ops.items():
+        assert fed(release, f"{step}_settings") == step
+        assert fed(f"{op}-op").removeprefix("pipelinechannel--") == f"{step}_settings"
+
+
+def _commands(tree: ast.Module) -> list[tuple[tuple[str, ...], ast.FunctionDef]]:
+    """Every `tritonship` command defined in a module: its words and its function."""
+    found = []
+    for node in ast.walk(tree):
+        for decorator in getattr(node, "decorator_list", []):
+            called = decorator.func if isinstance(decorator, ast.Call) else None
+            if isinstance(called, ast.Attribute) and called.attr == "command" and decorator.args:
+                group = called.value.id  # type: ignore[attr-defined]
+                words = (
+                    (decorator.args[0].value,)
+                    if group == "app"
+                    else (group.removesuffix("_app"), decorator.args[0].value)
+                )
+                found.append((words, node))
+    return found
+
+
+def test_no_step_option_is_declared_anywhere_but_its_settings_type():
+    """A command takes its step's options only through step_options(its settings type), no command declares a
+    step option's flag by hand, and the pipeline and its tasks take them only through settings_op's dicts."""
+    flags = {f for kind in COMMANDS.values() for o in kind.options().values() for f in (o.flag, *o.flags)}
+    problems = []
+    for path in sorted((ROOT / "pipelines" / "cli").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for words, function in _commands(tree):
+            arguments = {a.arg for a in (*function.args.args, *function.args.kwonlyargs)}
+            kind = COMMANDS.get(words)
+            if kind is not None:
+                generated = [
+                    d
+                    for d in function.decorator_list
+                    if isinstance(d, ast.Call) and getattr(d.func, "id", "") == "step_options"
+                ]
+                if [ast.unparse(d.args[0]) for d in generated] != [kind.__name__]:
+                    problems.append(f"{path.name}: {' '.join(words)} is not made by step_options({kind.__name__})")
+                problems += [
+                    f"{path.name}: {' '.join(words)} declares {a}" for a in sorted(arguments & set(kind.options()))
+                ]
+        for call in ast.walk(tree):
+            if isinstance(call, ast.Call) and ast.unparse(call.func) == "typer.Option":
+                said = {a.value for a in call.args if isinstance(a, ast.Constant)} & flags
+                problems += [f"{path.name}:{call.lineno} declares the option {f}" for f in sorted(said)]
+    parameters = set(pipeline_parameters())
+    for name in ("pipeline.py", "kfp_components.py"):
+        tree = ast.parse((ROOT / "pipelines" / name).read_text())
+        for function in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            arguments = {a.arg for a in (*function.args.args, *function.args.kwonlyargs)}
+            # settings_op takes the quality spec apart: KFP's local runner writes a dict's text unescaped
+            allowed = {"quality_spec"} if function.name == "settings_op" else set()
+            problems += [f"{name}: {function.name} takes {a}" for a in sorted(arguments & parameters - allowed)]
+    for path in [*ROOT.glob("components/**/*.py"), *ROOT.glob("pipelines/**/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Name) and node.id.endswith("_PARAMETERS"):  # the old tables
+                problems.append(f"{path.relative_to(ROOT)}:{node.lineno} names {node.id}")
+    assert problems == []
 
 
 def test_design_is_a_choice_typer_checks_and_lists():
@@ -94,23 +231,32 @@ def test_flat_settings_round_trip_and_zero_is_off_everywhere():
     )
     assert off.thresholds == Thresholds(None, None, None, 15.0) and off.request_rate is None
     assert off.to_flat()["max_p99_regression_pct"] == 0.0
+    assert Thresholds(max_p99_ms=0) == Thresholds(max_p99_ms=None)  # from Python too
+    assert CanarySettings(max_latency_ms=0.0).max_latency_ms is None
     # as KFP hands them over: text, or floats for whole numbers
     assert GateSettings.from_flat(concurrency="2", min_rounds=6.0, budget_s="30").concurrency == 2
+    tuned = TuneSettings.from_flat(instance_counts="1, 4", request_rate=0, concurrency=3)
+    assert (tuned.instance_counts, tuned.load.request_rate, tuned.load.stability_pct) == (
+        (1, 4),
+        None,
+        settings.RELAXED_STABILITY_PCT,  # the rest of tune's load is its default's, not LoadSettings()'
+    )
+    assert tuned.to_flat()["instance_counts"] == "1,4"
 
 
 @pytest.mark.parametrize(
     ("flat", "message"),
     [
-        ({"concurrency": 0}, "concurrency must be at least 1"),
-        ({"design": "both"}, "design must be one of duet, alternating"),
+        ({"concurrency": 0}, "concurrency must be at least 1, not 0"),
+        ({"design": "both"}, "design must be one of duet, alternating, not 'both'"),
         ({"min_rounds": 2}, "min_rounds must be at least 5"),
-        ({"window_ms": "fast"}, "window_ms must be a int"),
-        ({"max_p99_ms": -1}, "must be positive"),
+        ({"window_ms": "fast"}, "window_ms must be a whole number, not 'fast'"),
+        ({"max_p99_ms": -1}, r"max_p99_ms must be positive \(0 is off\), not -1"),
         ({"rounds": 3}, "no parameter named rounds"),
     ],
 )
 def test_wrong_settings_are_refused_where_they_are_built(flat, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=f"^invalid gate settings: {message}"):
         GateSettings.from_flat(**flat)
 
 
@@ -119,19 +265,42 @@ def test_wrong_settings_are_refused_where_they_are_built(flat, message):
     [
         (ExportSettings, {"golden_samples": 0}, "golden_samples must be at least 1"),
         (ExportSettings, {"method": "pickle"}, "method must be one of auto, export, script, trace"),
-        (CompileSettings, {"precision": "bf16"}, "precision bf16 needs target tensorrt"),
+        (CompileSettings, {"precision": "bf16", "device": "cuda"}, "precision bf16 needs target tensorrt or aoti"),
+        (CompileSettings, {"precision": "fp16", "target": "aoti"}, "precision fp16 with target aoti compiles on CUDA"),
         (CompileSettings, {"device": "gpu0"}, "device must be cpu, cuda or cuda:N"),
-        (CompileSettings, {"opt_batch": "eight"}, "opt_batch must be a int"),
+        (CompileSettings, {"opt_batch": "eight"}, "opt_batch must be a whole number"),
         (CompileSettings, {"atol": -1.0}, "atol must not be negative"),
+        (PublishSettings, {"serving_torch": "latest"}, "serving_torch must be a torch version such as 2.14.0"),
         (TuneSettings, {"budget": 0}, "budget must be at least 1"),
         (TuneSettings, {"instance_counts": "1,x"}, "instance_counts must be whole numbers"),
+        (TuneSettings, {"concurrency": 0}, "concurrency must be at least 1"),
         (RepoGcSettings, {"keep": -1}, "keep must not be negative"),
         (ModelLoadSettings, {"load_timeout_s": 0}, "load_timeout_s must be positive"),
+        (PromoteSettings, {"canary_round_s": 0.1}, "canary_round_s must be at least 0.5"),
+        (PromoteSettings, {"canary_max_bake_s": 10}, "canary_max_bake_s \\(10\\) must give a warm-up round"),
     ],
 )
 def test_each_steps_wrong_settings_are_refused_where_they_are_built(kind, flat, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(SettingsError, match=f"^invalid {kind.WHAT} settings: {message}"):
         kind.from_flat(**flat)
+
+
+def test_the_compile_help_says_what_the_compile_step_takes():
+    """bf16 with tensorrt or aoti, and fp16 and bf16 compiled on CUDA (components/model/compile.py, aoti.py)."""
+    for target in ("tensorrt", "aoti"):
+        assert CompileSettings(target=target, precision="bf16", device="cuda").precision == "bf16"
+    assert CompileSettings(target="tensorrt", precision="fp16").device == "cpu"  # tensorrt moves to a GPU itself
+    assert "bf16 with tensorrt or aoti" in CompileSettings.options()["precision"].help
+
+
+def test_direct_construction_and_replace_are_checked_too():
+    with pytest.raises(SettingsError, match="canary_replicas must be at least 1"):
+        CanarySettings(replicas=0)
+    with pytest.raises(SettingsError, match="confidence must be below 1"):
+        dataclasses.replace(GateSettings(), confidence=1.5)
+    with pytest.raises(SettingsError, match="no parameter named rounds"):
+        GateSettings(rounds=3)  # type: ignore[call-arg]
+    assert dataclasses.asdict(LoadSettings())["stability_pct"] == 20.0
 
 
 def test_the_step_functions_default_to_their_settings_types():

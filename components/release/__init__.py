@@ -11,5 +11,5 @@ serving, repository and model rooms and the ground floor.
                      SIGTERM into a revert, rollout switches or reverts one replica
     reconcile        replicas brought back to the desired state in S3, killed promotions settled
     results          every step's result type
-    step_settings    every step's settings type and flat parameter table, for the CLI and the pipeline
+    step_settings    every step's settings type, and which command and pipeline task takes which
 """

@@ -1,23 +1,18 @@
-"""The canary's settings (promote's live-traffic phase, components/release/canary.py): named defaults, the
-flat table the `tritonship promote` options and the pipeline's parameters take, and the settings type,
-validated where built.
+"""The canary's settings (promote's live-traffic phase, components/release/canary.py): named defaults and the
+settings type, validated where built, whose fields are `tritonship promote`'s canary options and the pipeline's
+(components/settings_model.py says how).
 
 The defaults are for production: rounds of 60 s, Triton's summary window (components/serving/live_metrics.py),
 so a round's p99 covers that round alone and takes part in the decision; at least 5 rounds, at most 15 minutes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, get_args
+from typing import Annotated, Literal, get_args
 
-from components.settings import (
-    DEFAULT_CONFIDENCE,
-    DEFAULT_MAX_REGRESSION_PCT,
-    DEFAULT_MIN_ROUNDS,
-    Parameter,
-    refuse_invalid,
-    typed_flat,
-)
+from pydantic import Field, model_validator
+
+from components.settings import DEFAULT_CONFIDENCE, DEFAULT_MAX_REGRESSION_PCT, DEFAULT_MIN_ROUNDS
+from components.settings_model import Off, StepSettings, refuse, setting, step_settings
 
 OnInconclusive = Literal["revert", "promote"]
 ON_INCONCLUSIVE: tuple[str, ...] = get_args(OnInconclusive)
@@ -30,92 +25,94 @@ DEFAULT_MIN_REQUESTS = 20  # per side and round: fewer live requests than this a
 DEFAULT_MAX_FAILURE_INCREASE_PCT = 0.1  # percentage points of requests that failed, over the stable replicas'
 DEFAULT_ON_INCONCLUSIVE: OnInconclusive = "revert"
 
-CANARY_PARAMETERS: dict[str, Parameter] = {
-    "canary": Parameter(
-        True, "switch the first replicas, compare them with the others on live traffic, go on only if they hold"
-    ),
-    "canary_replicas": Parameter(DEFAULT_CANARY_REPLICAS, "replicas switched first and measured as the canary"),
-    "canary_round_s": Parameter(DEFAULT_ROUND_S, "seconds of one round of the canary's live metrics"),
-    "canary_max_bake_s": Parameter(
-        DEFAULT_MAX_BAKE_S, "seconds of live traffic after which an undecided canary is inconclusive"
-    ),
-    "canary_min_rounds": Parameter(DEFAULT_MIN_ROUNDS, "rounds with enough live requests before any decision"),
-    "canary_min_requests": Parameter(
-        DEFAULT_MIN_REQUESTS, "live requests the canary and the stable replicas each serve for a round to count"
-    ),
-    "canary_max_latency_regression_pct": Parameter(
-        DEFAULT_MAX_REGRESSION_PCT, "mean latency growth allowed against the stable replicas, percent; 0 is off"
-    ),
-    "canary_max_p99_regression_pct": Parameter(
-        DEFAULT_MAX_REGRESSION_PCT,
-        "p99 growth allowed against the stable replicas, percent (rounds of 60 s or more); 0 is off",
-    ),
-    "canary_max_failure_increase_pct": Parameter(
-        DEFAULT_MAX_FAILURE_INCREASE_PCT,
-        "share of failed live requests allowed over the stable replicas', percentage points; 0 is off",
-    ),
-    "canary_max_latency_ms": Parameter(0.0, "absolute limit on the canary's mean latency, ms; 0 is off"),
-    "canary_max_p99_ms": Parameter(0.0, "absolute limit on the canary's p99, ms (rounds of 60 s or more); 0 is off"),
-    "canary_on_inconclusive": Parameter(
-        DEFAULT_ON_INCONCLUSIVE, "what an undecided canary does at the longest bake: revert or promote"
-    ),
-}
 
+@step_settings("canary")
+class CanarySettings(StepSettings):
+    """A limit of None (or 0) is off. Relative limits are percent against the stable replicas; the failure limit
+    is percentage points of live requests."""
 
-@dataclass(frozen=True)
-class CanarySettings:
-    """A limit of None is off (0 in the flat form). Relative limits are percent against the stable replicas;
-    the failure limit is percentage points of live requests."""
+    enabled: Annotated[
+        bool,
+        setting(
+            "switch the first replicas, compare them with the others on live traffic, go on only if they hold",
+            option="canary",
+        ),
+    ] = True
+    replicas: Annotated[
+        int, setting("replicas switched first and measured as the canary", option="canary_replicas", ge=1)
+    ] = DEFAULT_CANARY_REPLICAS
+    round_s: Annotated[
+        float, setting("seconds of one round of the canary's live metrics", option="canary_round_s", ge=0.5)
+    ] = DEFAULT_ROUND_S
+    max_bake_s: Annotated[
+        float,
+        setting("seconds of live traffic after which an undecided canary is inconclusive", option="canary_max_bake_s"),
+    ] = DEFAULT_MAX_BAKE_S
+    min_rounds: Annotated[
+        int,
+        setting(
+            "rounds with enough live requests before any decision", option="canary_min_rounds", ge=DEFAULT_MIN_ROUNDS
+        ),
+    ] = DEFAULT_MIN_ROUNDS
+    min_requests: Annotated[
+        int,
+        setting(
+            "live requests the canary and the stable replicas each serve for a round to count",
+            option="canary_min_requests",
+            ge=1,
+        ),
+    ] = DEFAULT_MIN_REQUESTS
+    max_latency_regression_pct: Annotated[
+        Off,
+        setting(
+            "mean latency growth allowed against the stable replicas, percent; 0 is off",
+            option="canary_max_latency_regression_pct",
+        ),
+    ] = DEFAULT_MAX_REGRESSION_PCT
+    max_p99_regression_pct: Annotated[
+        Off,
+        setting(
+            "p99 growth allowed against the stable replicas, percent (rounds of 60 s or more); 0 is off",
+            option="canary_max_p99_regression_pct",
+        ),
+    ] = DEFAULT_MAX_REGRESSION_PCT
+    max_failure_increase_pct: Annotated[
+        Off,
+        setting(
+            "share of failed live requests allowed over the stable replicas', percentage points; 0 is off",
+            option="canary_max_failure_increase_pct",
+        ),
+    ] = DEFAULT_MAX_FAILURE_INCREASE_PCT
+    max_latency_ms: Annotated[
+        Off, setting("absolute limit on the canary's mean latency, ms; 0 is off", option="canary_max_latency_ms")
+    ] = None
+    max_p99_ms: Annotated[
+        Off,
+        setting(
+            "absolute limit on the canary's p99, ms (rounds of 60 s or more); 0 is off", option="canary_max_p99_ms"
+        ),
+    ] = None
+    on_inconclusive: Annotated[
+        OnInconclusive,
+        setting(
+            "what an undecided canary does at the longest bake: revert or promote", option="canary_on_inconclusive"
+        ),
+    ] = DEFAULT_ON_INCONCLUSIVE
+    confidence: Annotated[float, Field(ge=0.5, lt=1)] = DEFAULT_CONFIDENCE  # the code's own
 
-    PARAMETERS: ClassVar = CANARY_PARAMETERS
-    enabled: bool = True
-    replicas: int = DEFAULT_CANARY_REPLICAS
-    round_s: float = DEFAULT_ROUND_S
-    max_bake_s: float = DEFAULT_MAX_BAKE_S
-    min_rounds: int = DEFAULT_MIN_ROUNDS
-    min_requests: int = DEFAULT_MIN_REQUESTS
-    max_latency_regression_pct: float | None = DEFAULT_MAX_REGRESSION_PCT
-    max_p99_regression_pct: float | None = DEFAULT_MAX_REGRESSION_PCT
-    max_failure_increase_pct: float | None = DEFAULT_MAX_FAILURE_INCREASE_PCT
-    max_latency_ms: float | None = None
-    max_p99_ms: float | None = None
-    on_inconclusive: OnInconclusive = DEFAULT_ON_INCONCLUSIVE
-    confidence: float = DEFAULT_CONFIDENCE
-
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _bakes_and_decides(self) -> CanarySettings:
         limits = ("max_latency_regression_pct", "max_p99_regression_pct", "max_failure_increase_pct")
-        negative = [n for n in (*limits, "max_latency_ms", "max_p99_ms") if (getattr(self, n) or 0) < 0]
-        refuse_invalid(
-            "canary",
-            [
-                f"canary_replicas must be at least 1, not {self.replicas}" if self.replicas < 1 else "",
-                f"canary_round_s must be at least 0.5, not {self.round_s}" if self.round_s < 0.5 else "",
-                f"canary_min_rounds must be at least {DEFAULT_MIN_ROUNDS}, not {self.min_rounds}"
-                if self.min_rounds < DEFAULT_MIN_ROUNDS
-                else "",
-                f"canary_max_bake_s ({self.max_bake_s:g}) must give a warm-up round and canary_min_rounds rounds of canary_round_s"
-                if self.max_bake_s < (self.min_rounds + 1) * self.round_s
-                else "",
-                f"canary_min_requests must be at least 1, not {self.min_requests}" if self.min_requests < 1 else "",
-                f"{', '.join(negative)} must not be negative" if negative else "",
-                "every canary limit is off: give at least one"
-                if not any(getattr(self, n) for n in (*limits, "max_latency_ms", "max_p99_ms"))
-                else "",
-                f"canary_on_inconclusive must be one of {', '.join(ON_INCONCLUSIVE)}, not {self.on_inconclusive!r}"
-                if self.on_inconclusive not in ON_INCONCLUSIVE
-                else "",
-            ],
+        refuse(
+            f"{{canary_max_bake_s}} ({self.max_bake_s:g}) must give a warm-up round and {{canary_min_rounds}} rounds "
+            "of {canary_round_s}"
+            if self.max_bake_s < (self.min_rounds + 1) * self.round_s
+            else "",
+            "every canary limit is off: give at least one"
+            if not any(getattr(self, n) for n in (*limits, "max_latency_ms", "max_p99_ms"))
+            else "",
         )
-
-    @classmethod
-    def from_flat(cls, **flat: Any) -> CanarySettings:
-        """From CANARY_PARAMETERS' flat form; a limit of 0 or None is off."""
-        values = typed_flat(CANARY_PARAMETERS, flat, "canary")
-        fields = {name.removeprefix("canary_"): value for name, value in values.items()}
-        fields["enabled"] = fields.pop("canary")
-        for name in [n for n in fields if n.startswith("max_") and n != "max_bake_s"]:
-            fields[name] = fields[name] or None
-        return cls(**fields)
+        return self
 
     @property
     def p99_decides(self) -> bool:

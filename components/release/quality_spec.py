@@ -23,16 +23,16 @@ A metric without any limit gets `max_drop_pct` DEFAULT_QUALITY_MAX_DROP_PCT. For
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from components.errors import TritonshipError
 from components.model.signature import Signature
-from components.settings import DEFAULT_QUALITY_MAX_DROP_PCT, Parameter, typed_flat
+from components.settings import DEFAULT_QUALITY_MAX_DROP_PCT
+from components.settings_model import StepSettings, setting, step_settings
 
 RANKING = ("hit_rate", "ndcg", "mrr")
 CLASSIFICATION = ("accuracy", "log_loss", "auc")
@@ -212,35 +212,30 @@ def spec_outputs(spec: QualitySpec) -> list[str]:
     return list(dict.fromkeys(name for m in spec.metrics for name in m.read_outputs))
 
 
-QUALITY_PARAMETERS = {
-    "eval_data": Parameter(
-        "", "labelled evaluation data for the quality check: a path or s3:// URI, .parquet or .npz; empty: none"
-    ),
-    "quality_spec": Parameter("", "the quality check's metrics and limits: YAML or JSON text, or a file's path"),
-}
-
-
-@dataclass(frozen=True)
-class QualitySettings:
+@step_settings("quality")
+class QualitySettings(StepSettings):
     """The quality check's inputs: the labelled data and the spec, checked together (components/release/quality.py)."""
 
-    eval_data: str = ""
-    quality_spec: str = ""
+    eval_data: Annotated[
+        str,
+        setting("labelled evaluation data for the quality check: a path or s3:// URI, .parquet or .npz; empty: none"),
+    ] = ""
+    quality_spec: Annotated[
+        str, setting("the quality check's metrics and limits: YAML or JSON text, or a file's path")
+    ] = ""
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _given_together(self) -> QualitySettings:
         if self.eval_data and not self.quality_spec:
-            raise ValueError("invalid quality settings: eval_data is given without quality_spec; give the metrics")
+            raise ValueError("{eval_data} is given without {quality_spec}; give the metrics")
         if self.quality_spec and not self.eval_data:
-            raise ValueError("invalid quality settings: quality_spec is given without eval_data; give the data")
+            raise ValueError("{quality_spec} is given without {eval_data}; give the data")
         if self.quality_spec:
             try:
                 spec_from_argument(self.quality_spec)
             except QualitySpecError as exc:
-                raise ValueError(f"invalid quality settings: {exc}") from None
-
-    @classmethod
-    def from_flat(cls, **flat: Any) -> QualitySettings:
-        return cls(**typed_flat(QUALITY_PARAMETERS, flat, "quality"))
+                raise ValueError(str(exc)) from None
+        return self
 
     @property
     def spec(self) -> QualitySpec:

@@ -1,23 +1,20 @@
-"""The settings of every step but the gate (components/settings.py holds the gate's): a type per step with
-named defaults, validated where it is built, and its flat table: the `tritonship` options and the pipeline's
-parameters take their names, defaults and help from the table (tests/test_settings.py checks all three).
+"""The settings of every step but the gate's (components/settings.py) and the canary's (canary_settings.py): a
+settings type per step with named defaults, validated where it is built, whose fields are the step's `tritonship`
+options and the pipeline's parameters (components/settings_model.py says how); and which settings each command
+and each pipeline task takes.
 
 reject has nothing to set: its input (the verdict) is all it takes."""
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, get_args
+import dataclasses
+from typing import Annotated, Any
 
-from components.release.canary_settings import CANARY_PARAMETERS, CanarySettings
-from components.release.quality_spec import QUALITY_PARAMETERS, QualitySettings
-from components.repository.maintenance_settings import (
-    LEASE_RELEASE_PARAMETERS,
-    REPO_GC_PARAMETERS,
-    LeaseReleaseSettings,
-    RepoGcSettings,
-)
+from pydantic import Field, model_validator
+
+from components.release.canary_settings import CanarySettings
+from components.release.quality_spec import QualitySettings
+from components.repository.maintenance_settings import LeaseReleaseSettings, RepoGcSettings
 from components.settings import (
     DEFAULT_COMPILE_DEVICE,
     DEFAULT_CONCURRENCY,
@@ -34,132 +31,105 @@ from components.settings import (
     DEFAULT_TUNE_BUDGET,
     DEFAULT_TUNE_MIN_GAIN_PCT,
     DEFAULT_TUNE_P99_SLACK_PCT,
-    DEFAULT_WINDOW_MS,
-    GATE_PARAMETERS,
+    PIPELINE_DIFFERENCES,
     RELAXED_STABILITY_PCT,
     SERVING_TORCH,
-    TARGETS,
     ExportMethod,
-    FlatSettings,
     GateSettings,
     LoadSettings,
-    Parameter,
     Precision,
     Target,
-    refuse_invalid,
-    typed_flat,
+)
+from components.settings_model import (
+    Counts,
+    Off,
+    Option,
+    SettingsError,
+    StepSettings,
+    flattened,
+    refuse,
+    setting,
+    step_settings,
 )
 
-EXPORT_METHODS: tuple[str, ...] = get_args(ExportMethod)
-PRECISIONS: tuple[str, ...] = get_args(Precision)
+COUNTS = "whole numbers of 1 or more, comma-separated (like 1,2,4)"
 
 
-EXPORT_PARAMETERS = {
-    "golden_samples": Parameter(
-        DEFAULT_GOLDEN_SAMPLES, "golden input samples generated (and kept for the accuracy checks)"
-    ),
-    "method": Parameter(
-        DEFAULT_EXPORT_METHOD,
-        "auto (torch.export, then TorchScript), export, script or trace",
-        pipeline="export_method",
-    ),
-}
+@step_settings("export")
+class ExportSettings(StepSettings):
+    golden_samples: Annotated[
+        int,
+        setting(
+            "golden input samples generated (and kept for the accuracy checks)",
+            flags=("--golden-samples", "--samples"),
+            ge=1,
+        ),
+    ] = DEFAULT_GOLDEN_SAMPLES
+    method: Annotated[
+        ExportMethod,
+        setting("auto (torch.export, then TorchScript), export, script or trace", pipeline="export_method"),
+    ] = DEFAULT_EXPORT_METHOD
 
 
-@dataclass(frozen=True)
-class ExportSettings(FlatSettings):
-    PARAMETERS: ClassVar = EXPORT_PARAMETERS
-    WHAT: ClassVar = "export"
-    golden_samples: int = DEFAULT_GOLDEN_SAMPLES
-    method: ExportMethod = DEFAULT_EXPORT_METHOD
-
-    def __post_init__(self) -> None:
-        refuse_invalid(
-            "export",
-            [
-                f"golden_samples must be at least 1, not {self.golden_samples}" if self.golden_samples < 1 else "",
-                f"method must be one of {', '.join(EXPORT_METHODS)}, not {self.method!r}"
-                if self.method not in EXPORT_METHODS
-                else "",
-            ],
-        )
-
-
-PUBLISH_PARAMETERS = {
-    "serving_torch": Parameter(
-        SERVING_TORCH, "the serving image's torch; a torch_aoti package compiled with another is refused"
-    ),
-}
-
-
-@dataclass(frozen=True)
-class PublishSettings(FlatSettings):
+@step_settings("publish")
+class PublishSettings(StepSettings):
     """publish's: the serving image's torch, which a torch_aoti package must have been compiled with."""
 
-    PARAMETERS: ClassVar = PUBLISH_PARAMETERS
-    WHAT: ClassVar = "publish"
-    serving_torch: str = SERVING_TORCH
+    serving_torch: Annotated[
+        str,
+        setting(
+            "the serving image's torch; a torch_aoti package compiled with another is refused",
+            envvar="TRITONSHIP_SERVING_TORCH",
+            expect="a torch version such as 2.14.0",
+            pattern=r"^\d+\.\d+(\.\d+)?([+.\w-]*)$",
+        ),
+    ] = SERVING_TORCH
 
-    def __post_init__(self) -> None:
-        valid = re.fullmatch(r"\d+\.\d+(\.\d+)?([+.\w-]*)", self.serving_torch or "")
-        refuse_invalid(
-            "publish",
-            [f"serving_torch must be a torch version such as 2.14.0, not {self.serving_torch!r}" if not valid else ""],
-        )
 
-
-COMPILE_PARAMETERS = {
-    "target": Parameter(
-        DEFAULT_TARGET, "torchscript, tensorrt or aoti (AOTInductor, Triton r26.03+)", pipeline="compile_target"
-    ),
-    "precision": Parameter(DEFAULT_PRECISION, "fp32, fp16 or bf16 (bf16 with tensorrt or aoti on CUDA)"),
-    "device": Parameter(
-        DEFAULT_COMPILE_DEVICE, "where to compile and check parity: cpu, cuda or cuda:N", "compile_device"
-    ),
-    "opt_batch": Parameter(DEFAULT_TENSORRT_OPT_BATCH, "the batch size TensorRT optimises for", "tensorrt_opt_batch"),
-    "workspace_gb": Parameter(DEFAULT_TENSORRT_WORKSPACE_GB, "TensorRT's workspace, GiB", "tensorrt_workspace_gb"),
+def _tolerance(what: str) -> Any:
     # the parity tolerances follow the precision unless given (components/model/parity.py)
-    "atol": Parameter(None, "absolute tolerance of the parity check (default: by precision)", pipeline=None),
-    "rtol": Parameter(None, "relative tolerance of the parity check (default: by precision)", pipeline=None),
-    "int_mismatch": Parameter(None, "share of integer output elements that may differ (default: by precision)", None),
-}
+    return setting(f"{what} (default: by precision)", pipeline=None, ge=0)
 
 
-@dataclass(frozen=True)
-class CompileSettings(FlatSettings):
-    PARAMETERS: ClassVar = COMPILE_PARAMETERS
-    WHAT: ClassVar = "compile"
-    target: Target = DEFAULT_TARGET
-    precision: Precision = DEFAULT_PRECISION
-    device: str = DEFAULT_COMPILE_DEVICE
-    opt_batch: int = DEFAULT_TENSORRT_OPT_BATCH
-    workspace_gb: float = DEFAULT_TENSORRT_WORKSPACE_GB
-    atol: float | None = None
-    rtol: float | None = None
-    int_mismatch: float | None = None
+@step_settings("compile")
+class CompileSettings(StepSettings):
+    target: Annotated[
+        Target, setting("torchscript, tensorrt or aoti (AOTInductor, Triton r26.03+)", pipeline="compile_target")
+    ] = DEFAULT_TARGET
+    # components/model/compile.py and aoti.py refuse the rest: TorchScript serves no bf16, and TorchScript and
+    # AOTInductor compile fp16 and bf16 on CUDA only (tensorrt always compiles on a GPU)
+    precision: Annotated[
+        Precision, setting("fp32, fp16 or bf16; fp16 and bf16 on a CUDA --device, bf16 with tensorrt or aoti")
+    ] = DEFAULT_PRECISION
+    device: Annotated[
+        str,
+        setting(
+            "where to compile and check parity: cpu, cuda or cuda:N",
+            pipeline="compile_device",
+            expect="cpu, cuda or cuda:N",
+            pattern=r"^(cpu|cuda(:\d+)?)$",
+        ),
+    ] = DEFAULT_COMPILE_DEVICE
+    opt_batch: Annotated[int, setting("the batch size TensorRT optimises for", pipeline="tensorrt_opt_batch", ge=1)] = (
+        DEFAULT_TENSORRT_OPT_BATCH
+    )
+    workspace_gb: Annotated[float, setting("TensorRT's workspace, GiB", pipeline="tensorrt_workspace_gb", gt=0)] = (
+        DEFAULT_TENSORRT_WORKSPACE_GB
+    )
+    atol: Annotated[float | None, _tolerance("absolute tolerance of the parity check")] = None
+    rtol: Annotated[float | None, _tolerance("relative tolerance of the parity check")] = None
+    int_mismatch: Annotated[float | None, _tolerance("share of integer output elements that may differ")] = None
 
-    def __post_init__(self) -> None:
-        bad_tolerance = [n for n in ("atol", "rtol", "int_mismatch") if (getattr(self, n) or 0) < 0]
-        refuse_invalid(
-            "compile",
-            [
-                f"target must be one of {', '.join(TARGETS)}, not {self.target!r}"
-                if self.target not in TARGETS
-                else "",
-                f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}"
-                if self.precision not in PRECISIONS
-                else "",
-                "precision bf16 needs target tensorrt (TorchScript serves fp32 or fp16)"
-                if self.precision == "bf16" and self.target != "tensorrt"
-                else "",
-                f"device must be cpu, cuda or cuda:N, not {self.device!r}"
-                if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device)
-                else "",
-                f"opt_batch must be at least 1, not {self.opt_batch}" if self.opt_batch < 1 else "",
-                f"workspace_gb must be positive, not {self.workspace_gb}" if self.workspace_gb <= 0 else "",
-                f"{', '.join(bad_tolerance)} must not be negative" if bad_tolerance else "",
-            ],
+    @model_validator(mode="after")
+    def _compiles(self) -> CompileSettings:
+        if self.precision == "bf16" and self.target == "torchscript":
+            refuse("{precision} bf16 needs {target} tensorrt or aoti (TorchScript serves fp32 or fp16)")
+        refuse(
+            f"{{precision}} {self.precision} with {{target}} {self.target} compiles on CUDA: give {{device}} cuda"
+            if self.precision != "fp32" and self.target != "tensorrt" and not self.device.startswith("cuda")
+            else ""
         )
+        return self
 
     def step_arguments(self) -> dict[str, Any]:
         """compile_model's keyword arguments."""
@@ -170,197 +140,143 @@ class CompileSettings(FlatSettings):
         return {**{n: getattr(self, n) for n in names}, "tolerance": tolerance}
 
 
-LOAD_PARAMETERS = {
-    "load_timeout_s": Parameter(DEFAULT_LOAD_TIMEOUT_S, "seconds one model load may take on a server before it fails")
-}
-
-
-@dataclass(frozen=True)
-class ModelLoadSettings(FlatSettings):
+@step_settings("load")
+class ModelLoadSettings(StepSettings):
     """stage's and promote's: how long a server may take to load the candidate."""
 
-    PARAMETERS: ClassVar = LOAD_PARAMETERS
-    WHAT: ClassVar = "load"
-    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
-
-    def __post_init__(self) -> None:
-        refuse_invalid(
-            "load", [f"load_timeout_s must be positive, not {self.load_timeout_s}" if self.load_timeout_s <= 0 else ""]
-        )
+    load_timeout_s: Annotated[float, setting("seconds one model load may take on a server before it fails", gt=0)] = (
+        DEFAULT_LOAD_TIMEOUT_S
+    )
 
 
-PROMOTE_PARAMETERS = {**LOAD_PARAMETERS, **CANARY_PARAMETERS}
-
-
-@dataclass(frozen=True)
-class PromoteSettings:
+@step_settings("promote")
+class PromoteSettings(StepSettings):
     """promote's: the load time limit and the canary (components/release/canary_settings.py)."""
 
-    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
-    canary: CanarySettings = field(default_factory=CanarySettings)
+    load: ModelLoadSettings = flattened(ModelLoadSettings)
+    canary: CanarySettings = flattened(CanarySettings)
 
-    @classmethod
-    def from_flat(cls, **flat: Any) -> PromoteSettings:
-        load = {n: flat.pop(n) for n in list(flat) if n in LOAD_PARAMETERS}
-        return cls(ModelLoadSettings.from_flat(**load).load_timeout_s, CanarySettings.from_flat(**flat))
-
-
-def _counts_text(counts: tuple[int, ...]) -> str:
-    return ",".join(map(str, counts))
+    @property
+    def load_timeout_s(self) -> float:
+        return self.load.load_timeout_s
 
 
-TUNE_PARAMETERS = {
-    "enabled": Parameter(
-        True, "search the candidate's serving settings on the gate before the gate measures it", "tune", cli=False
-    ),
-    "budget": Parameter(
-        DEFAULT_TUNE_BUDGET, "settings measured at most (two confirmation runs come on top)", "tune_budget"
-    ),
-    # the pipeline tunes at the gate's load and within its p99 limit; by hand they are set here
-    "concurrency": Parameter(DEFAULT_CONCURRENCY, "perf_analyzer concurrency (use the gate's)", pipeline=None),
-    "request_rate": Parameter(
-        0.0,
-        "a fixed request rate instead of the concurrency, /s: the lowest p99 that keeps up wins; 0 is off",
-        pipeline=None,
-    ),
-    "window_ms": Parameter(DEFAULT_WINDOW_MS, "perf_analyzer measurement window, ms", pipeline=None),
-    "stability_pct": Parameter(
-        RELAXED_STABILITY_PCT,
-        "perf_analyzer stability threshold, %; the default takes any three windows",
-        pipeline=None,
-    ),
-    "max_p99_ms": Parameter(0.0, "p99 limit, ms; 0: the default settings' p99 plus the slack", pipeline=None),
-    "p99_slack_pct": Parameter(
-        DEFAULT_TUNE_P99_SLACK_PCT,
-        "how much p99 may grow over the default settings' when no limit is given",
-        "tune_p99_slack_pct",
-    ),
-    "min_gain_pct": Parameter(
-        DEFAULT_TUNE_MIN_GAIN_PCT, "the smallest throughput gain that moves the search, %", "tune_min_gain_pct"
-    ),
-    "instance_counts": Parameter(
-        _counts_text(DEFAULT_INSTANCE_COUNTS),
-        "instance counts tried, comma-separated, for the model and for an ensemble's pre/post steps",
-        "tune_instance_counts",
-    ),
-    "intra_op_threads": Parameter(
-        _counts_text(DEFAULT_INTRA_OP_THREAD_COUNTS),
-        "the PyTorch backend's intra-op thread counts tried, comma-separated (CPU models)",
-        "tune_intra_op_threads",
-    ),
-}
-
-
-def _counts(text: str, name: str) -> tuple[int, ...]:
-    try:
-        counts = tuple(int(part) for part in str(text).split(","))
-    except ValueError:
-        counts = ()
-    if not counts or min(counts) < 1:
-        raise ValueError(
-            f"invalid tune settings: {name} must be whole numbers of 1 or more, comma-separated (like 1,2,4), not {text!r}"
-        )
-    return counts
-
-
-@dataclass(frozen=True)
-class TuneSettings:
+@step_settings("tune")
+class TuneSettings(StepSettings):
     # perf_analyzer's stability check relaxed, as the gate's: a busy machine's noise must not lose a trial
-    load: LoadSettings = field(
-        default_factory=lambda: LoadSettings(concurrency=DEFAULT_CONCURRENCY, stability_pct=RELAXED_STABILITY_PCT)
+    load: LoadSettings = flattened(
+        lambda: LoadSettings(concurrency=DEFAULT_CONCURRENCY, stability_pct=RELAXED_STABILITY_PCT)
     )
-    max_p99_ms: float | None = None
-    p99_slack_pct: float = DEFAULT_TUNE_P99_SLACK_PCT
-    budget: int = DEFAULT_TUNE_BUDGET
-    min_gain_pct: float = DEFAULT_TUNE_MIN_GAIN_PCT
-    instance_counts: tuple[int, ...] = DEFAULT_INSTANCE_COUNTS
-    intra_op_thread_counts: tuple[int, ...] = DEFAULT_INTRA_OP_THREAD_COUNTS
-    queue_delays_us: tuple[int, ...] = (0, 500, 2000, 8000)
+    # the pipeline tunes at the gate's load and within its p99 limit (at_gate); by hand they are set here
+    max_p99_ms: Annotated[Off, setting("p99 limit, ms; 0: the default settings' p99 plus the slack", pipeline=None)] = (
+        None
+    )
+    p99_slack_pct: Annotated[
+        float,
+        setting(
+            "how much p99 may grow over the default settings' when no limit is given",
+            pipeline="tune_p99_slack_pct",
+            ge=0,
+        ),
+    ] = DEFAULT_TUNE_P99_SLACK_PCT
+    budget: Annotated[
+        int, setting("settings measured at most (two confirmation runs come on top)", pipeline="tune_budget", ge=1)
+    ] = DEFAULT_TUNE_BUDGET
+    min_gain_pct: Annotated[
+        float,
+        setting("the smallest throughput gain that moves the search, %", pipeline="tune_min_gain_pct", ge=0),
+    ] = DEFAULT_TUNE_MIN_GAIN_PCT
+    instance_counts: Annotated[
+        Counts,
+        setting(
+            "instance counts tried, comma-separated, for the model and for an ensemble's pre/post steps",
+            pipeline="tune_instance_counts",
+            expect=COUNTS,
+        ),
+    ] = DEFAULT_INSTANCE_COUNTS
+    intra_op_thread_counts: Annotated[
+        Counts,
+        setting(
+            "the PyTorch backend's intra-op thread counts tried, comma-separated (CPU models)",
+            option="intra_op_threads",
+            pipeline="tune_intra_op_threads",
+            expect=COUNTS,
+        ),
+    ] = DEFAULT_INTRA_OP_THREAD_COUNTS
+    queue_delays_us: tuple[Annotated[int, Field(ge=0)], ...] = (0, 500, 2000, 8000)
     # the TorchScript profiling executor on and off; a CPU model keeps its own (tune)
     optimized_executions: tuple[bool, ...] = (True, False)
-    perf_timeout_s: float = DEFAULT_PERF_TIMEOUT_S
-    enabled: bool = True  # the pipeline's switch; `tritonship tune` always searches
+    perf_timeout_s: Annotated[float, Field(gt=0)] = DEFAULT_PERF_TIMEOUT_S
+    # the pipeline's switch; `tritonship tune` always searches
+    enabled: Annotated[
+        bool,
+        setting(
+            "search the candidate's serving settings on the gate before the gate measures it",
+            pipeline="tune",
+            cli=False,
+        ),
+    ] = True
 
-    def __post_init__(self) -> None:
-        refuse_invalid(
-            "tune",
-            [
-                f"budget must be at least 1, not {self.budget}" if self.budget < 1 else "",
-                f"p99_slack_pct must not be negative, not {self.p99_slack_pct}" if self.p99_slack_pct < 0 else "",
-                f"min_gain_pct must not be negative, not {self.min_gain_pct}" if self.min_gain_pct < 0 else "",
-                f"max_p99_ms must be positive, not {self.max_p99_ms}" if (self.max_p99_ms or 1) <= 0 else "",
-                f"concurrency must be at least 1, not {self.load.concurrency}" if self.load.concurrency < 1 else "",
-                f"request_rate must not be negative, not {self.load.request_rate}"
-                if (self.load.request_rate or 0) < 0
-                else "",
-            ],
-        )
-
-    @classmethod
-    def from_flat(cls, load: LoadSettings | None = None, **flat: Any) -> TuneSettings:
-        """From TUNE_PARAMETERS' flat form; `load` (the gate's, in the pipeline) replaces the load's names."""
-        values = typed_flat(TUNE_PARAMETERS, flat, "tune")
-        load = load or LoadSettings(
-            concurrency=values["concurrency"],
-            request_rate=values["request_rate"] or None,
-            window_ms=values["window_ms"],
-            stability_pct=values["stability_pct"],
-        )
-        return cls(
-            load=load,
-            max_p99_ms=values["max_p99_ms"] or None,
-            p99_slack_pct=values["p99_slack_pct"],
-            budget=values["budget"],
-            min_gain_pct=values["min_gain_pct"],
-            instance_counts=_counts(values["instance_counts"], "instance_counts"),
-            intra_op_thread_counts=_counts(values["intra_op_threads"], "intra_op_threads"),
-            enabled=values["enabled"],
-        )
+    def at_gate(self, gate: GateSettings) -> TuneSettings:
+        """Tuned as the pipeline tunes: at the gate's load, within its p99 limit."""
+        return dataclasses.replace(self, load=gate.load, max_p99_ms=gate.thresholds.max_p99_ms)
 
 
-# Every step's table and settings type by its `tritonship` command (reject has none: see the docstring), and the
-# pipeline's steps among them.
-STEP_PARAMETERS: dict[tuple[str, ...], tuple[dict[str, Parameter], Any]] = {
-    ("export",): (EXPORT_PARAMETERS, ExportSettings),
-    ("compile",): (COMPILE_PARAMETERS, CompileSettings),
-    ("publish",): (PUBLISH_PARAMETERS, PublishSettings),
-    ("stage",): (LOAD_PARAMETERS, ModelLoadSettings),
-    ("tune",): (TUNE_PARAMETERS, TuneSettings),
-    ("quality",): (QUALITY_PARAMETERS, QualitySettings),
-    ("gate",): (GATE_PARAMETERS, GateSettings),
-    ("promote",): (PROMOTE_PARAMETERS, PromoteSettings),
-    ("repo", "gc"): (REPO_GC_PARAMETERS, RepoGcSettings),
-    ("lease", "release"): (LEASE_RELEASE_PARAMETERS, LeaseReleaseSettings),
+# Every step's settings type by its `tritonship` command (reject has none: see the docstring).
+COMMANDS: dict[tuple[str, ...], type[StepSettings]] = {
+    ("export",): ExportSettings,
+    ("compile",): CompileSettings,
+    ("publish",): PublishSettings,
+    ("stage",): ModelLoadSettings,
+    ("tune",): TuneSettings,
+    ("quality",): QualitySettings,
+    ("gate",): GateSettings,
+    ("promote",): PromoteSettings,
+    ("repo", "gc"): RepoGcSettings,
+    ("lease", "release"): LeaseReleaseSettings,
 }
-PIPELINE_STEPS = {
-    "export": STEP_PARAMETERS[("export",)],
-    "compile": STEP_PARAMETERS[("compile",)],
-    "publish": STEP_PARAMETERS[("publish",)],
-    "load": STEP_PARAMETERS[("stage",)],  # stage's and promote's
-    "tune": STEP_PARAMETERS[("tune",)],
-    "quality": STEP_PARAMETERS[("quality",)],
-    "gate": STEP_PARAMETERS[("gate",)],
-    "canary": (CANARY_PARAMETERS, CanarySettings),
+# The pipeline's tasks' settings: settings_op (pipelines/kfp_components.py) hands each task its own, by these names.
+PIPELINE_STEPS: dict[str, type[StepSettings]] = {
+    "export": ExportSettings,
+    "compile": CompileSettings,
+    "publish": PublishSettings,
+    "load": ModelLoadSettings,  # stage's
+    "tune": TuneSettings,
+    "quality": QualitySettings,
+    "gate": GateSettings,
+    "promote": PromoteSettings,
 }
 
 
-def pipeline_parameters() -> dict[str, Parameter]:
-    """Every step setting that is a pipeline parameter, by its pipeline name."""
-    return {
-        p.pipeline_name(n): p for table, _ in PIPELINE_STEPS.values() for n, p in table.items() if p.pipeline_name(n)
-    }
+def pipeline_parameters() -> dict[str, Option]:
+    """Every step setting that is a pipeline parameter, by its pipeline name, with the pipeline's default
+    (components/settings.py PIPELINE_DIFFERENCES). One parameter may feed several steps (load_timeout_s: stage's
+    and promote's)."""
+    found: dict[str, Option] = {}
+    for kind in PIPELINE_STEPS.values():
+        for option in kind.options().values():
+            if option.pipeline is None:
+                continue
+            chosen = dataclasses.replace(option, default=PIPELINE_DIFFERENCES.get(option.pipeline, option.default))
+            same = found.setdefault(option.pipeline, chosen)
+            if (same.help, same.default, same.pipeline_kind) != (chosen.help, chosen.default, chosen.pipeline_kind):
+                raise TypeError(f"the pipeline parameter {option.pipeline} is two different settings")
+    return found
 
 
-def pipeline_settings(flat: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The pipeline's parameters (by pipeline name; missing ones take the pipeline's default) as each step's
-    flat settings (by the table's names), every step's checked: a wrong value fails before anything runs."""
-    unknown = sorted(set(flat) - set(pipeline_parameters()))
+def pipeline_settings(given: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The pipeline's parameters (by pipeline name; a missing one takes the pipeline's default) as each task's
+    settings in their flat form, by step; every step's are built, so checked: a wrong value fails before anything
+    runs. Tune measures at the gate's load, within its p99 limit."""
+    parameters = pipeline_parameters()
+    unknown = sorted(set(given) - set(parameters))
     if unknown:
-        raise ValueError(f"invalid pipeline settings: no parameter named {', '.join(unknown)}")
-    steps = {}
-    for step, (table, kind) in PIPELINE_STEPS.items():
-        steps[step] = {
-            n: flat.get(p.pipeline_name(n), p.pipeline_default(n)) for n, p in table.items() if p.pipeline_name(n)
-        }
-        kind.from_flat(**steps[step])
-    return steps
+        raise SettingsError("pipeline", [f"no parameter named {', '.join(unknown)}"])
+    values = {name: given.get(name, p.default) for name, p in parameters.items()}
+    steps: dict[str, Any] = {
+        step: kind.from_flat(**{o.name: values[o.pipeline] for o in kind.options().values() if o.pipeline})
+        for step, kind in PIPELINE_STEPS.items()
+    }
+    steps["tune"] = steps["tune"].at_gate(steps["gate"])
+    # what no parameter sets and is None (compile's tolerances) is left out: from_flat gives it back
+    return {step: {n: v for n, v in chosen.to_flat().items() if v is not None} for step, chosen in steps.items()}

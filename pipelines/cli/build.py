@@ -7,10 +7,6 @@ from typing import Annotated
 
 import typer
 
-from components import settings
-from components.release.step_settings import COMPILE_PARAMETERS as COMPILE
-from components.release.step_settings import EXPORT_PARAMETERS as EXPORT
-from components.release.step_settings import PUBLISH_PARAMETERS as PUBLISH
 from components.release.step_settings import CompileSettings, ExportSettings, PublishSettings
 from pipelines.cli.common import (
     EndpointOption,
@@ -18,31 +14,28 @@ from pipelines.cli.common import (
     app,
     console,
     friendly_errors,
-    option,
     out_console_line,
     s3_settings,
-    validated,
+    step_options,
 )
 
 
 # ------------------------------------------------------------------------------------ export / compile
 @app.command("export")
 @friendly_errors
+@step_options(ExportSettings)
 def export_cmd(
     model: Annotated[str, typer.Option(help="package.module:factory, a TorchScript file or an ExportedProgram .pt2")],
     signature: Annotated[Path, typer.Option(help="the I/O signature (YAML or JSON)")],
     out: Annotated[Path, typer.Option(help="output folder (must not exist)")],
     checkpoint: Annotated[str | None, typer.Option(help="state_dict for the factory's model: a path or s3://")] = None,
     golden: Annotated[Path | None, typer.Option(help=".npz of golden inputs keyed by input name")] = None,
-    golden_samples: Annotated[int, option(EXPORT, "golden_samples", "--golden-samples", "--samples")] = EXPORT[
-        "golden_samples"
-    ].default,
-    method: Annotated[settings.ExportMethod, option(EXPORT, "method")] = EXPORT["method"].default,
+    *,
+    chosen: ExportSettings,
 ) -> None:
     """Load a model, check it against its signature, export it with golden samples (or the --golden ones)."""
     from components.model.export import export
 
-    chosen = validated(ExportSettings.from_flat, locals(), EXPORT)
     result = export(
         model, signature, out, checkpoint=checkpoint, golden=golden, samples=chosen.golden_samples, method=chosen.method
     )
@@ -53,31 +46,27 @@ def export_cmd(
 
 @app.command("compile")
 @friendly_errors
+@step_options(CompileSettings)
 def compile_cmd(
     export_dir: Annotated[Path, typer.Argument(help="the output folder of `tritonship export`")],
     name: Annotated[str, typer.Option(help="the Triton model name")],
     out: Annotated[Path, typer.Option(help="output model folder (must not exist)")],
-    target: Annotated[settings.Target, option(COMPILE, "target")] = COMPILE["target"].default,
-    precision: Annotated[settings.Precision, option(COMPILE, "precision")] = COMPILE["precision"].default,
-    device: Annotated[str, option(COMPILE, "device")] = COMPILE["device"].default,
-    opt_batch: Annotated[int, option(COMPILE, "opt_batch")] = COMPILE["opt_batch"].default,
-    workspace_gb: Annotated[float, option(COMPILE, "workspace_gb")] = COMPILE["workspace_gb"].default,
-    atol: Annotated[float | None, option(COMPILE, "atol")] = COMPILE["atol"].default,
-    rtol: Annotated[float | None, option(COMPILE, "rtol")] = COMPILE["rtol"].default,
-    int_mismatch: Annotated[float | None, option(COMPILE, "int_mismatch")] = COMPILE["int_mismatch"].default,
+    chosen: CompileSettings,
 ) -> None:
     """Compile an export for Triton, check parity against the eager model, write the model folder."""
     from components.model.compile import compile_model, parity_table
 
-    chosen = validated(CompileSettings.from_flat, locals(), COMPILE)
-    with console.status(f"compiling for {target} ({precision}, {device})"):
+    with console.status(f"compiling for {chosen.target} ({chosen.precision}, {chosen.device})"):
         result = compile_model(export_dir, out, name, **chosen.step_arguments())
     out_console_line(parity_table(result.parity))
-    out_console_line(f"compiled {target}/{precision} on {result.device} in {result.seconds:.1f} s -> {result.out_dir}")
+    out_console_line(
+        f"compiled {chosen.target}/{chosen.precision} on {result.device} in {result.seconds:.1f} s -> {result.out_dir}"
+    )
 
 
 @app.command("publish")
 @friendly_errors
+@step_options(PublishSettings)
 def publish_cmd(
     folder: Annotated[Path, typer.Argument(help="the output folder of `tritonship compile` or `ensemble` (a bundle)")],
     repository: RepositoryOption,
@@ -85,14 +74,12 @@ def publish_cmd(
         str | None, typer.Option(help="source run id (default: KFP_RUN_ID, else from the content)")
     ] = None,
     s3_endpoint: EndpointOption = None,
-    serving_torch: Annotated[str, option(PUBLISH, "serving_torch", envvar="TRITONSHIP_SERVING_TORCH")] = PUBLISH[
-        "serving_torch"
-    ].default,
+    *,
+    chosen: PublishSettings,
 ) -> None:
     """Publish a compiled model folder (or an ensemble bundle) as a new immutable candidate version (staging)."""
     from components.release.publish import publish
 
-    chosen = validated(PublishSettings.from_flat, locals(), PUBLISH)
     with console.status("publishing"):
         result = publish(
             folder, repository, run_id=run_id, s3=s3_settings(s3_endpoint), serving_torch=chosen.serving_torch

@@ -6,7 +6,7 @@ several groups take and the readers of files a step wrote."""
 from __future__ import annotations
 
 import functools
-import re
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from components import log, settings
+from components import log
 from components.errors import TritonshipError
+from components.settings_model import SettingsError, StepSettings
 
 if TYPE_CHECKING:
     from components.release.results import Result
@@ -28,7 +29,6 @@ console = Console(stderr=True)
 out = Console()
 F = TypeVar("F", bound=Callable[..., Any])
 R = TypeVar("R", bound="Result")
-S = TypeVar("S")
 DEFAULT_STATE_DIR = Path(".stack")
 
 
@@ -91,22 +91,47 @@ def read_result(path: Path, what: str, kind: type[R]) -> R:
         ) from None
 
 
-def option(table: dict[str, settings.Parameter], name: str, *flags: str, envvar: str | None = None) -> Any:
-    """A step's option explained by its table (components/settings.py, components/release/step_settings.py); the
-    default in the signature is the settings type's, and tests/test_settings.py checks they agree. `envvar` is
-    read where the option is not given (`tritonship stack env` exports the embedded stack's)."""
-    return typer.Option(*flags, envvar=envvar, help=table[name].help)
+def step_options(kind: type[StepSettings]) -> Callable[[F], F]:
+    """A step command's settings options, made from its settings type (components/settings_model.py): the
+    command's parameter annotated with `kind` becomes, in its place, one option per option of the type that the
+    CLI takes, with its help, default, spellings and environment variable (`tritonship stack env` exports the
+    embedded stack's); the command receives the settings built from them. A value they refuse is one sentence
+    naming each refused option as the user typed it, and exit 2."""
 
+    def made(command: F) -> F:
+        signature = inspect.signature(command, eval_str=True)
+        [into] = [p.name for p in signature.parameters.values() if p.annotation is kind]
+        options = [o for o in kind.options().values() if o.cli]
+        generated = [
+            inspect.Parameter(
+                o.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=o.default,
+                annotation=Annotated[o.kind, typer.Option(*o.flags, envvar=o.envvar, help=o.help)],
+            )
+            for o in options
+        ]
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in signature.parameters.values()]
+        twice = sorted({p.name for p in own} & {o.name for o in options})
+        if twice:  # tests/test_settings.py: a step's options are declared by its settings type alone
+            raise TypeError(f"{command.__name__} declares {', '.join(twice)}, an option of {kind.__name__}")
+        at = [p.name for p in own].index(into)
+        parameters = [*own[:at], *generated, *own[at + 1 :]]
 
-def validated(build: Callable[..., S], given: dict[str, Any], table: dict[str, settings.Parameter]) -> S:
-    """A step's settings from the command's options named in its table, with a plain error for values it refuses."""
-    try:
-        return build(**{name: given[name] for name in table if table[name].cli})
-    except ValueError as exc:
-        said = str(exc)
-        for name in table:  # as the user typed them
-            said = re.sub(rf"\b{name}\b", "--" + name.replace("_", "-"), said)
-        raise TritonshipError(f"{said}.") from None
+        @functools.wraps(command)
+        def run(**given: Any) -> Any:
+            flat = {o.name: given.pop(o.name) for o in options}
+            try:
+                chosen = kind.from_flat(**flat)
+            except SettingsError as exc:
+                raise TritonshipError(exc.said(lambda name: kind.options()[name].flag).rstrip(".") + ".") from None
+            return command(**given, **{into: chosen})
+
+        run.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": signature.return_annotation}
+        return run  # type: ignore[return-value]
+
+    return made
 
 
 # ------------------------------------------------------------------------------- publish / repository

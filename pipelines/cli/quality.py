@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from components.release.quality_spec import QUALITY_PARAMETERS as QUALITY
 from components.release.quality_spec import QualitySettings
 from pipelines.cli.common import (
     EndpointOption,
@@ -20,24 +19,23 @@ from pipelines.cli.common import (
     console,
     friendly_errors,
     one_server,
-    option,
     out_console_line,
     s3_settings,
-    validated,
+    step_options,
 )
 from pipelines.cli.release import lease_given_back_on_failure
 
 
 @app.command("quality")
 @friendly_errors
+@step_options(QualitySettings)
 def quality_cmd(
     repository: RepositoryOption,
     model: ModelOption,
     version: VersionOption,
     gate: GateOption,
     out: Annotated[Path, typer.Option(help="folder for quality.json, quality.md/html and the plot")],
-    eval_data: Annotated[str, option(QUALITY, "eval_data")] = QUALITY["eval_data"].default,
-    quality_spec: Annotated[str, option(QUALITY, "quality_spec")] = QUALITY["quality_spec"].default,
+    chosen: QualitySettings,
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Send labelled rows to the staged candidate and to stable on the gate, and judge each metric's change.
@@ -46,7 +44,6 @@ def quality_cmd(
     from components.release import quality_report
     from components.release.quality import quality
 
-    chosen = validated(QualitySettings.from_flat, locals(), QUALITY)
     if not chosen.enabled:
         raise TritonshipError("give --eval-data (labelled rows) and --quality-spec (the metrics and their limits).")
     with (

@@ -10,14 +10,10 @@ from typing import Annotated
 
 import typer
 
-from components import log, settings
+from components import log
 from components.errors import TritonshipError
-from components.release.canary_settings import CANARY_PARAMETERS as CANARY
-from components.release.step_settings import LOAD_PARAMETERS as LOAD
-from components.release.step_settings import PROMOTE_PARAMETERS as PROMOTE
-from components.release.step_settings import TUNE_PARAMETERS as TUNE
 from components.release.step_settings import ModelLoadSettings, PromoteSettings, TuneSettings
-from components.settings import GATE_PARAMETERS as GATE
+from components.settings import GateSettings
 from pipelines.cli.common import (
     EndpointOption,
     GateMetricsOption,
@@ -31,12 +27,11 @@ from pipelines.cli.common import (
     friendly_errors,
     gate_server,
     one_server,
-    option,
     out,
     out_console_line,
     read_result,
     s3_settings,
-    validated,
+    step_options,
 )
 
 
@@ -61,20 +56,21 @@ def lease_given_back_on_failure(
 
 @app.command("stage")
 @friendly_errors
+@step_options(ModelLoadSettings)
 def stage_cmd(
     repository: RepositoryOption,
     model: ModelOption,
     version: VersionOption,
     gate: GateOption,
     result: Annotated[Path | None, typer.Option(help="write the stage result (JSON) here")] = None,
-    load_timeout_s: Annotated[float, option(LOAD, "load_timeout_s")] = LOAD["load_timeout_s"].default,
+    *,
+    loading: ModelLoadSettings,
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Load the candidate dark on the gate server and check its answers against the golden outputs."""
     from components.model.parity import parity_table
     from components.release.stage import stage
 
-    loading = validated(ModelLoadSettings.from_flat, locals(), LOAD)
     with lease_given_back_on_failure(repository, model, version, s3_endpoint) as succeeded:
         with console.status(f"loading {model} v{version} on the gate"):
             staged = stage(
@@ -104,22 +100,14 @@ TuningOption = Annotated[Path | None, typer.Option(help="tuning.json written by 
 
 @app.command("tune")
 @friendly_errors
+@step_options(TuneSettings)
 def tune_cmd(
     repository: RepositoryOption,
     model: ModelOption,
     version: VersionOption,
     gate: GateOption,
     out_file: Annotated[Path, typer.Option("--out", help="write the tuning result (JSON) here")],
-    concurrency: Annotated[int, option(TUNE, "concurrency")] = TUNE["concurrency"].default,
-    request_rate: Annotated[float, option(TUNE, "request_rate")] = TUNE["request_rate"].default,
-    window_ms: Annotated[int, option(TUNE, "window_ms")] = TUNE["window_ms"].default,
-    stability_pct: Annotated[float, option(TUNE, "stability_pct")] = TUNE["stability_pct"].default,
-    max_p99_ms: Annotated[float, option(TUNE, "max_p99_ms")] = TUNE["max_p99_ms"].default,
-    p99_slack_pct: Annotated[float, option(TUNE, "p99_slack_pct")] = TUNE["p99_slack_pct"].default,
-    budget: Annotated[int, option(TUNE, "budget")] = TUNE["budget"].default,
-    min_gain_pct: Annotated[float, option(TUNE, "min_gain_pct")] = TUNE["min_gain_pct"].default,
-    instance_counts: Annotated[str, option(TUNE, "instance_counts")] = TUNE["instance_counts"].default,
-    intra_op_threads: Annotated[str, option(TUNE, "intra_op_threads")] = TUNE["intra_op_threads"].default,
+    tune_settings: TuneSettings,
     gate_metrics: GateMetricsOption = None,
     s3_endpoint: EndpointOption = None,
 ) -> None:
@@ -129,8 +117,7 @@ def tune_cmd(
     from components.release import gate_report
     from components.release.tune import tune
 
-    tune_settings = validated(TuneSettings.from_flat, locals(), TUNE)
-    with console.status(f"tuning {model} v{version} on the gate (at most {budget} settings)"):
+    with console.status(f"tuning {model} v{version} on the gate (at most {tune_settings.budget} settings)"):
         url, metrics_url = gate_server(gate, gate_metrics)
         result = tune(
             repository, model, version, url, tune_settings, s3=s3_settings(s3_endpoint), metrics_url=metrics_url
@@ -147,6 +134,7 @@ def tune_cmd(
 
 @app.command("gate")
 @friendly_errors
+@step_options(GateSettings)
 def gate_cmd(
     repository: RepositoryOption,
     model: ModelOption,
@@ -154,20 +142,8 @@ def gate_cmd(
     gate: GateOption,
     out: Annotated[Path, typer.Option(help="folder for verdict.json, report.md/html, the plot and raw CSVs")],
     stage_result: Annotated[Path | None, typer.Option(help="the stage result JSON (its accuracy check counts)")] = None,
-    concurrency: Annotated[int, option(GATE, "concurrency")] = GATE["concurrency"].default,
-    request_rate: Annotated[float, option(GATE, "request_rate")] = GATE["request_rate"].default,
-    window_ms: Annotated[int, option(GATE, "window_ms")] = GATE["window_ms"].default,
-    design: Annotated[settings.Design, option(GATE, "design")] = GATE["design"].default,
-    min_rounds: Annotated[int, option(GATE, "min_rounds")] = GATE["min_rounds"].default,
-    budget_s: Annotated[float, option(GATE, "budget_s")] = GATE["budget_s"].default,
-    max_p99_ms: Annotated[float, option(GATE, "max_p99_ms")] = GATE["max_p99_ms"].default,
-    min_throughput: Annotated[float, option(GATE, "min_throughput")] = GATE["min_throughput"].default,
-    max_p99_regression_pct: Annotated[float, option(GATE, "max_p99_regression_pct")] = GATE[
-        "max_p99_regression_pct"
-    ].default,
-    max_throughput_regression_pct: Annotated[float, option(GATE, "max_throughput_regression_pct")] = GATE[
-        "max_throughput_regression_pct"
-    ].default,
+    *,
+    gate_settings: GateSettings,
     tuning: TuningOption = None,
     quality: Annotated[
         Path | None, typer.Option(help="quality.json written by `tritonship quality`: the verdict is both's")
@@ -179,12 +155,11 @@ def gate_cmd(
     from components.release import gate as gate_step
     from components.release.results import QualityResult, StageResult, TuneResult
 
-    gate_settings = validated(settings.GateSettings.from_flat, locals(), GATE)
     staged = read_result(stage_result, "stage result", StageResult) if stage_result else None
     tuned = read_result(tuning, "tuning result", TuneResult) if tuning else None
     judged = read_result(quality, "quality result", QualityResult) if quality else None
     with lease_given_back_on_failure(repository, model, version, s3_endpoint) as succeeded:
-        with console.status(f"measuring {model} v{version} against stable (at most {budget_s:g} s)"):
+        with console.status(f"measuring {model} v{version} against stable (at most {gate_settings.budget_s:g} s)"):
             url, metrics_url = gate_server(gate, gate_metrics)
             result = gate_step.gate(
                 repository,
@@ -209,6 +184,7 @@ def gate_cmd(
 
 @app.command("promote")
 @friendly_errors
+@step_options(PromoteSettings)
 def promote_cmd(
     repository: RepositoryOption,
     verdict: Annotated[Path, typer.Option(help="verdict.json written by `tritonship gate`; must say pass")],
@@ -220,29 +196,8 @@ def promote_cmd(
     ],
     gate: UnloadGateOption = None,
     tuning: TuningOption = None,
-    load_timeout_s: Annotated[float, option(LOAD, "load_timeout_s")] = LOAD["load_timeout_s"].default,
-    canary: Annotated[bool, option(CANARY, "canary")] = CANARY["canary"].default,
-    canary_replicas: Annotated[int, option(CANARY, "canary_replicas")] = CANARY["canary_replicas"].default,
-    canary_round_s: Annotated[float, option(CANARY, "canary_round_s")] = CANARY["canary_round_s"].default,
-    canary_max_bake_s: Annotated[float, option(CANARY, "canary_max_bake_s")] = CANARY["canary_max_bake_s"].default,
-    canary_min_rounds: Annotated[int, option(CANARY, "canary_min_rounds")] = CANARY["canary_min_rounds"].default,
-    canary_min_requests: Annotated[int, option(CANARY, "canary_min_requests")] = CANARY["canary_min_requests"].default,
-    canary_max_latency_regression_pct: Annotated[float, option(CANARY, "canary_max_latency_regression_pct")] = CANARY[
-        "canary_max_latency_regression_pct"
-    ].default,
-    canary_max_p99_regression_pct: Annotated[float, option(CANARY, "canary_max_p99_regression_pct")] = CANARY[
-        "canary_max_p99_regression_pct"
-    ].default,
-    canary_max_failure_increase_pct: Annotated[float, option(CANARY, "canary_max_failure_increase_pct")] = CANARY[
-        "canary_max_failure_increase_pct"
-    ].default,
-    canary_max_latency_ms: Annotated[float, option(CANARY, "canary_max_latency_ms")] = CANARY[
-        "canary_max_latency_ms"
-    ].default,
-    canary_max_p99_ms: Annotated[float, option(CANARY, "canary_max_p99_ms")] = CANARY["canary_max_p99_ms"].default,
-    canary_on_inconclusive: Annotated[str, option(CANARY, "canary_on_inconclusive")] = CANARY[
-        "canary_on_inconclusive"
-    ].default,
+    *,
+    chosen: PromoteSettings,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="where the canary's report.md and report.html go")
     ] = None,
@@ -256,7 +211,6 @@ def promote_cmd(
     from components.release.results import TuneResult, Verdict
     from components.serving.replicas import resolve
 
-    chosen = validated(PromoteSettings.from_flat, locals(), PROMOTE)
     decided = read_result(verdict, "verdict", Verdict)
     targets = resolve(replicas)
     serving = read_result(tuning, "tuning result", TuneResult).chosen if tuning else None

@@ -7,8 +7,6 @@ from typing import Annotated, Any
 
 import typer
 
-from components.repository.maintenance_settings import LEASE_RELEASE_PARAMETERS as LEASE_RELEASE
-from components.repository.maintenance_settings import REPO_GC_PARAMETERS as GC
 from components.repository.maintenance_settings import LeaseReleaseSettings, RepoGcSettings
 from pipelines.cli.common import (
     EndpointOption,
@@ -16,11 +14,10 @@ from pipelines.cli.common import (
     RepositoryOption,
     app,
     friendly_errors,
-    option,
     out,
     out_console_line,
     s3_settings,
-    validated,
+    step_options,
 )
 
 repo_app = typer.Typer(no_args_is_help=True, help="Inspect and maintain the S3 model repository.")
@@ -80,15 +77,10 @@ def repo_verify(
 
 @repo_app.command("gc")
 @friendly_errors
-def repo_gc(
-    repository: RepositoryOption,
-    grace: Annotated[float, option(GC, "grace")] = GC["grace"].default,
-    keep: Annotated[int, option(GC, "keep")] = GC["keep"].default,
-    dry_run: Annotated[bool, option(GC, "dry_run")] = GC["dry_run"].default,
-    s3_endpoint: EndpointOption = None,
-) -> None:
+@step_options(RepoGcSettings)
+def repo_gc(repository: RepositoryOption, chosen: RepoGcSettings, s3_endpoint: EndpointOption = None) -> None:
     """Remove version folders that have no manifest (interrupted publishes); with --keep, old versions too."""
-    chosen = validated(RepoGcSettings.from_flat, locals(), GC)
+    dry_run = chosen.dry_run
     removed = _repository(repository, s3_endpoint).gc(chosen.grace, dry_run, keep=chosen.keep or None)
     for uri in removed:
         out_console_line(f"{'would remove' if dry_run else 'removed'} {uri}")
@@ -142,16 +134,13 @@ def lease_show(model: ModelOption, repository: RepositoryOption, s3_endpoint: En
 
 @lease_app.command("release")
 @friendly_errors
+@step_options(LeaseReleaseSettings)
 def lease_release(
-    model: ModelOption,
-    repository: RepositoryOption,
-    force: Annotated[bool, option(LEASE_RELEASE, "force")] = LEASE_RELEASE["force"].default,
-    s3_endpoint: EndpointOption = None,
+    model: ModelOption, repository: RepositoryOption, chosen: LeaseReleaseSettings, s3_endpoint: EndpointOption = None
 ) -> None:
     """Give back a release lease whose run died; recorded in the model's history."""
     import getpass
 
-    chosen = validated(LeaseReleaseSettings.from_flat, locals(), LEASE_RELEASE)
     held = _repository(repository, s3_endpoint).break_lease(
         model, chosen.force, by=f"lease release by {getpass.getuser()}"
     )

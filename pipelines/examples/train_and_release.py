@@ -7,10 +7,10 @@ speed. Runs on Kubeflow and under the local runner:
 """
 
 from kfp import dsl
-from kfp.dsl import Model, Output
+from kfp.dsl import Input, Model, Output
 
-from pipelines.kfp_components import compile_op, export_trained_op, settings_op, step
-from pipelines.pipeline import release_steps
+from pipelines.kfp_components import compile_op, settings_op, step
+from pipelines.pipeline import release_steps, steps_settings
 from pipelines.samples.bert4rec import DYNAMIC_SIGNATURE_JSON, QUALITY_SPEC_TEXT
 
 
@@ -22,6 +22,34 @@ def train_op(seed: int, steps: int, trained: Output[Model]):
     model = training.train(seed, steps)
     training.save_checkpoint(model, trained.path)
     trained.metadata["hit_rate_at_10"] = training.hit_rate_at_10(model, training.eval_set(1000, seed=7))
+
+
+@step("tools")
+def export_trained_op(
+    trained: Input[Model], model_factory: str, signature: str, settings: dict, exported: Output[Model]
+):
+    """Export a model artifact from a training pipeline: a state_dict for `model_factory`, or a saved model."""
+    import tempfile
+    from pathlib import Path
+
+    from components.model.export import export
+    from components.release.step_settings import ExportSettings
+
+    chosen = ExportSettings.from_flat(**settings)
+    source = Path(trained.path)
+    with tempfile.TemporaryDirectory() as tmp:
+        signature_path = Path(tmp) / "signature.yaml"
+        signature_path.write_text(signature)
+        model, checkpoint = (model_factory, str(source)) if model_factory else (str(source), None)
+        result = export(
+            model,
+            signature_path,
+            Path(exported.path),
+            checkpoint=checkpoint,
+            samples=chosen.golden_samples,
+            method=chosen.method,
+        )
+    exported.metadata.update({"method": result.method, "fallback_reason": result.fallback_reason or ""})
 
 
 @dsl.pipeline(name="train-and-release", description="Train the recommender, then release it with tritonship.")
@@ -40,7 +68,7 @@ def train_and_release(
 ):
     # every other setting at the pipeline's default; compiled on this machine's CPU, not tuned
     checked = settings_op(
-        flat={
+        parameters={
             "compile_target": "torchscript",
             "precision": "fp32",
             "compile_device": "cpu",
@@ -55,9 +83,11 @@ def train_and_release(
         trained=trained.outputs["trained"],
         model_factory="pipelines.samples.bert4rec:demo_v1",
         signature=DYNAMIC_SIGNATURE_JSON,
-        settings=checked.output,
+        settings=checked.outputs["export"],
     )
-    compiled = compile_op(exported=exported.outputs["exported"], model_name=model_name, settings=checked.output)
+    compiled = compile_op(
+        exported=exported.outputs["exported"], model_name=model_name, settings=checked.outputs["compile"]
+    )
     release_steps(
         compiled=compiled.outputs["compiled"],
         model_name=model_name,
@@ -67,7 +97,7 @@ def train_and_release(
         admin_secret_name=admin_secret_name,
         replicas=replicas,
         gate=gate,
-        settings=checked.output,
+        **steps_settings(checked),
     )
 
 

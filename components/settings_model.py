@@ -1,0 +1,296 @@
+"""What a step's settings are made of: one pydantic dataclass per step whose fields say their default, bounds
+and help, and the names a person sets them by. The `tritonship` options (pipelines/cli/common.py
+`step_options`), the KFP pipeline's parameters (pipelines/pipeline.py, through
+components/release/step_settings.py `pipeline_parameters`) and their check are made from these alone.
+
+A field a person sets is declared with `setting(...)`; a field without it is the code's own (the gate's
+confidence), and a field marked `flattened()` holds settings of their own whose options are the step's (the
+gate's thresholds, tune's perf_analyzer load, promote's canary). The flat form is the settings as a person
+sets them: one value per option, by the option's name, a limit that is off as 0 (`Off`), counts as
+comma-separated text (`Counts`). `from_flat` and `to_flat` are the one mapping between the two forms.
+
+A value a settings type refuses raises SettingsError (a ValueError) where the settings are built, one plain
+sentence naming each refused option; the CLI names them as the user typed them (`--min-rounds`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_origin
+
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+T = TypeVar("T")
+S = TypeVar("S", bound="StepSettings")
+
+
+def _zero_is_off(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return value
+    try:
+        return None if float(value) == 0 else value
+    except ValueError:
+        return value
+
+
+def _comma_separated(value: Any) -> Any:
+    return tuple(part.strip() for part in value.split(",")) if isinstance(value, str) else value
+
+
+OFF = BeforeValidator(_zero_is_off)
+COMMA_SEPARATED = BeforeValidator(_comma_separated)
+# A limit or a rate: positive, or off (None; 0 is off too, in every form).
+Off = Annotated[Annotated[float, Field(gt=0)] | None, OFF]
+# Counts a search tries: whole numbers of 1 or more; comma-separated text in the flat form.
+Counts = Annotated[tuple[Annotated[int, Field(ge=1)], ...], COMMA_SEPARATED, Field(min_length=1)]
+CONFIG = ConfigDict(extra="forbid")
+SAME = ""  # a setting's pipeline parameter has the option's name
+
+
+def setting(
+    help: str,
+    *,
+    option: str | None = None,
+    pipeline: str | None = SAME,
+    cli: bool = True,
+    flags: tuple[str, ...] = (),
+    envvar: str | None = None,
+    expect: str | None = None,
+    **bounds: Any,
+) -> Any:
+    """A field a person sets: its help, its bounds (ge, gt, le, lt, pattern: pydantic's), `option` its name among
+    the step's options (the field's unless given), `pipeline` its name among the pipeline's parameters (SAME: the
+    option's; None: not one), `cli` whether the step's command takes it, `flags` and `envvar` the option's
+    spellings and environment variable, `expect` what a refused value must be, said in words."""
+    extra = {"option": option, "pipeline": pipeline, "cli": cli, "flags": list(flags), "envvar": envvar}
+    return Field(description=help, json_schema_extra={**extra, "expect": expect}, **bounds)
+
+
+def flattened(factory: Callable[[], Any]) -> Any:
+    """A field of settings of their own, whose options are the step's; its default is factory()."""
+    return Field(default_factory=factory, json_schema_extra={"flatten": True})
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One option of a step: a `tritonship` option and a key of the flat form, and maybe a pipeline parameter."""
+
+    name: str
+    path: tuple[str, ...]  # the field, through flattened settings
+    help: str
+    default: Any  # in the flat form: the step's default settings'
+    kind: Any  # the flat form's type
+    pipeline: str | None
+    cli: bool
+    flags: tuple[str, ...]
+    envvar: str | None
+    expect: str | None
+    off: bool
+    counts: bool
+
+    @property
+    def flag(self) -> str:
+        return self.flags[0] if self.flags else "--" + self.name.replace("_", "-")
+
+    @property
+    def pipeline_kind(self) -> type:
+        """The pipeline parameter's type: a choice is text there."""
+        return str if get_origin(self.kind) is Literal else self.kind
+
+    def flat(self, value: Any) -> Any:
+        if self.off:
+            return 0.0 if value is None else value
+        return ",".join(map(str, value)) if self.counts else value
+
+
+class SettingsError(ValueError):
+    """Settings refused: each problem one sentence in which {option} marks an option's name."""
+
+    def __init__(self, what: str, problems: list[str], options: frozenset[str] = frozenset()) -> None:
+        self.what, self.problems, self.options = what, problems, options
+        super().__init__(self.said(str))
+
+    def said(self, spell: Callable[[str], str]) -> str:
+        """The message, each option spelled by `spell` (the CLI gives `--min-rounds`)."""
+        marked = lambda m: spell(m[1]) if m[1] in self.options else m[0]  # noqa: E731
+        return f"invalid {self.what} settings: " + "; ".join(re.sub(r"\{(\w+)\}", marked, p) for p in self.problems)
+
+
+class StepSettings:
+    """The base of every step's settings: its options and its flat form (see the module's docstring)."""
+
+    WHAT: ClassVar[str] = "step"
+
+    @classmethod
+    def options(cls) -> dict[str, Option]:
+        """Every option, by name, in the order of the fields."""
+        return _options(cls)
+
+    @classmethod
+    def from_flat(cls: type[S], **flat: Any) -> S:
+        """From the flat form (CLI options, KFP parameters: text or floats for whole numbers as KFP hands them
+        over); a missing option takes its default, an unknown one is refused."""
+        options = cls.options()
+        unknown = sorted(set(flat) - set(options))
+        if unknown:
+            raise SettingsError(cls.WHAT, [f"no parameter named {', '.join(unknown)}"])
+        nested: dict[str, Any] = {}
+        for name, value in flat.items():
+            *parents, last = options[name].path
+            _child(nested, parents)[last] = value
+        return cls(**_with_defaults(cls, nested))
+
+    def to_flat(self) -> dict[str, Any]:
+        """The flat form: every option's value by its name (the inverse of from_flat)."""
+        return {name: o.flat(_at(self, o.path)) for name, o in self.options().items()}
+
+
+def step_settings(what: str) -> Callable[[type[T]], type[T]]:
+    """Make a settings class a frozen pydantic dataclass (unknown names refused), whose refusals are a
+    SettingsError naming `what` ("invalid gate settings: ...")."""
+
+    def make(cls: type[T]) -> type[T]:
+        made: Any = pydantic_dataclass(frozen=True, config=CONFIG)(cls)
+        made.WHAT = what
+        validate = made.__init__
+
+        @functools.wraps(validate)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                validate(self, *args, **kwargs)
+            except ValidationError as exc:
+                raise SettingsError(
+                    what, _problems(type(self), exc, kwargs), frozenset(_declared(type(self)))
+                ) from None
+
+        made.__init__ = __init__
+        return made
+
+    return make
+
+
+def refuse(*problems: str) -> None:
+    """A cross-field check's refusal (in a model_validator): the non-empty problems, {option} marking options."""
+    if any(problems):
+        raise ValueError("; ".join(p for p in problems if p))
+
+
+# ------------------------------------------------------------------------------------------ the machinery
+def _fields(cls: Any) -> dict[str, Any]:
+    return cls.__pydantic_fields__
+
+
+@functools.cache
+def _declared(cls: Any, path: tuple[str, ...] = ()) -> dict[str, Option]:
+    """Every option of `cls` as declared, without its default (None)."""
+    found: dict[str, Option] = {}
+    for field, info in _fields(cls).items():
+        extra = info.json_schema_extra or {}
+        if extra.get("flatten"):
+            inner = _declared(info.annotation, (*path, field))
+            if set(inner) & set(found):
+                raise TypeError(f"{cls.__name__}: two settings are the option {min(set(inner) & set(found))}")
+            found |= inner
+        elif "option" in extra:
+            off, counts = OFF in info.metadata, COMMA_SEPARATED in info.metadata
+            name = extra["option"] or field
+            if name in found:
+                raise TypeError(f"{cls.__name__}: two settings are the option {name}")
+            found[name] = Option(
+                name,
+                (*path, field),
+                info.description or "",
+                None,
+                float if off else str if counts else info.annotation,
+                name if extra["pipeline"] == SAME else extra["pipeline"],
+                extra["cli"],
+                tuple(extra["flags"]),
+                extra["envvar"],
+                extra["expect"],
+                off,
+                counts,
+            )
+    return found
+
+
+@functools.cache
+def _options(cls: Any) -> dict[str, Option]:
+    default = cls()
+    return {n: dataclasses.replace(o, default=o.flat(_at(default, o.path))) for n, o in _declared(cls).items()}
+
+
+def _child(nested: dict[str, Any], path: list[str]) -> dict[str, Any]:
+    for part in path:
+        nested = nested.setdefault(part, {})
+    return nested
+
+
+def _with_defaults(cls: Any, nested: dict[str, Any]) -> dict[str, Any]:
+    """Flattened settings given in part start from the default's (tune's load is not LoadSettings())."""
+    for field, info in _fields(cls).items():
+        if (info.json_schema_extra or {}).get("flatten") and isinstance(nested.get(field), dict):
+            default = info.get_default(call_default_factory=True)
+            whole = {f.name: getattr(default, f.name) for f in dataclasses.fields(default) if f.init}
+            nested[field] = whole | _with_defaults(info.annotation, nested[field])
+    return nested
+
+
+_MISSING = object()
+
+
+def _at(value: Any, path: tuple[Any, ...]) -> Any:
+    for part in path:
+        value = value.get(part, _MISSING) if isinstance(value, dict) else getattr(value, part, _MISSING)
+        if value is _MISSING:
+            break
+    return value
+
+
+def _problems(cls: Any, exc: ValidationError, given: dict[str, Any]) -> list[str]:
+    options = {o.path: o for o in _declared(cls).values()}
+    problems = []
+    for error in exc.errors(include_url=False):
+        loc = tuple(error["loc"])
+        if error["type"] in ("value_error", "assertion_error"):
+            problems.append(str(error["ctx"]["error"]))
+            continue
+        if error["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+            problems.append(f"no parameter named {loc[-1]}")
+            continue
+        option = next((options[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in options), None)
+        value = _at(given, option.path) if option else _MISSING
+        value = error["input"] if value is _MISSING else value
+        name = "{" + option.name + "}" if option else ".".join(map(str, loc))
+        if option and option.expect:
+            problems.append(f"{name} must be {option.expect}, not {value!r}")
+        else:
+            problems.append(f"{name} {_predicate(error, option)}, not {value!r}")
+    return problems
+
+
+def _predicate(error: Any, option: Option | None) -> str:
+    kind, ctx = error["type"], error.get("ctx", {})
+    if kind == "greater_than_equal":
+        return "must not be negative" if ctx["ge"] == 0 else f"must be at least {ctx['ge']}"
+    if kind == "greater_than":
+        off = " (0 is off)" if option and option.off else ""
+        return f"must be positive{off}" if ctx["gt"] == 0 else f"must be more than {ctx['gt']}"
+    if kind == "less_than_equal":
+        return f"must be at most {ctx['le']}"
+    if kind == "less_than":
+        return f"must be below {ctx['lt']}"
+    if kind == "literal_error":
+        choices = re.findall(r"'([^']*)'", ctx["expected"])
+        return f"must be one of {', '.join(choices)}"
+    if kind.startswith("int_"):
+        return "must be a whole number"
+    if kind.startswith("float_"):
+        return "must be a number"
+    if kind.startswith("bool_"):
+        return "must be true or false"
+    if kind.startswith("string_"):
+        return "must be text"
+    return f"is wrong ({error['msg'][0].lower()}{error['msg'][1:]})"
