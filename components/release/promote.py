@@ -236,9 +236,7 @@ class Promotion:
         assert self.release is not None
         try:
             for name, member_config in self.release.members.items():
-                self.desired_etags[name] = self.repo.write_desired_config(
-                    name, member_config, self.desired_etags[name]
-                )
+                self.desired_etags[name] = self.repo.write_desired_config(name, member_config, self.desired_etags[name])
             self.repo.record(
                 self.model,
                 "promoted",
