@@ -72,7 +72,7 @@ class CanarySettings(StepSettings):
     max_p99_regression_pct: Annotated[
         Off,
         setting(
-            "p99 growth allowed against the stable replicas, percent (rounds of 60 s or more); 0 is off",
+            "p99 growth allowed against the stable replicas, percent (from summaries: rounds of 60 s or more); 0 is off",
             option="canary_max_p99_regression_pct",
         ),
     ] = DEFAULT_MAX_REGRESSION_PCT
@@ -89,7 +89,8 @@ class CanarySettings(StepSettings):
     max_p99_ms: Annotated[
         Off,
         setting(
-            "absolute limit on the canary's p99, ms (rounds of 60 s or more); 0 is off", option="canary_max_p99_ms"
+            "absolute limit on the canary's p99, ms (from summaries: rounds of 60 s or more); 0 is off",
+            option="canary_max_p99_ms",
         ),
     ] = None
     on_inconclusive: Annotated[
