@@ -60,6 +60,20 @@ def test_the_grid_holds_every_combination_once():
     assert [name for name, _ in knobs(unbatched, SPACE)] == ["instance_count"]
 
 
+def test_no_more_instances_are_tried_than_requests_in_flight_at_the_tuning_load():
+    one_in_flight = dataclasses.replace(SPACE, load=dataclasses.replace(SPACE.load, concurrency=1))
+    ensemble = dataclasses.replace(DEFAULT, step_instance_count=1)
+    tried = {
+        name: {(s.instance_count, s.step_instance_count) for s in values(ensemble)}
+        for name, values in knobs(ensemble, one_in_flight)
+    }
+    assert tried["instance_count"] == {(1, 1)} and tried["step_instance_count"] == {(1, 1)}
+    two = dataclasses.replace(DEFAULT, instance_count=2)  # a count given stays among the values
+    assert {s.instance_count for s in dict(knobs(two, one_in_flight))["instance_count"](two)} == {1, 2}
+    at_a_rate = dataclasses.replace(SPACE, load=dataclasses.replace(SPACE.load, concurrency=1, request_rate=500.0))
+    assert {s.instance_count for s in dict(knobs(DEFAULT, at_a_rate))["instance_count"](DEFAULT)} == {1, 2, 3}
+
+
 def test_an_ensembles_pre_post_steps_get_an_instance_count_of_their_own():
     ensemble = dataclasses.replace(DEFAULT, step_instance_count=1)
     assert [name for name, _ in knobs(ensemble, SPACE)] == [
