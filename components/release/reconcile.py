@@ -7,7 +7,7 @@ steps are pinned to member versions that must be loaded for the ensemble to load
 A promotion that was killed (SIGKILL, a lost node) leaves its in-progress record
 (components/repository/promotions.py). Reconcile settles it by its phase: killed while copying or in the
 canary, the desired state still names the stable version, so every replica goes back to it and the history
-records the revert; killed while rolling or finishing, the desired state names the new version (its canary
+records the revert; killed while rolling or finishing, the desired state names the new version (its canary, if any,
 passed), so every replica goes on to it, an ensemble's members drop their old version, and the history records
 the promotion. Either way the record is deleted and the dead run's release lease given back. The pipeline's
 exit handler does the same for its own run."""
@@ -107,7 +107,7 @@ def _settle(repo: ModelRepository, record: dict) -> ReplicaState:
     said = f"the promotion of v{version} stopped in its {phase} phase and never finished (its process was killed); " + (
         f"reconcile put every replica back on {f'v{previous}' if previous else 'no version'}"
         if reverted
-        else f"its canary had passed and the desired state named v{version}, so reconcile finished it"
+        else f"the desired state already named v{version}, so reconcile finished it"
     )
     repo.record(
         model,
