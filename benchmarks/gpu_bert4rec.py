@@ -16,8 +16,7 @@ Then, on that replica, for each serving config (the users': max_batch_size 1, on
 batching; and the tuned one) and each served form of the model step that `--forms` names (`torchscript`,
 the compiled model; `eager`, the eager nn.Module loaded through Triton's load API with its files): a warm-up
 run that is not recorded (the first requests after a load pay for CUDA's and TorchScript's start), then a
-request-rate sweep and a
-concurrency sweep with perf_analyzer over each protocol `--protocols` names (`http`; `grpc`: perf_analyzer
+request-rate sweep and a concurrency sweep with perf_analyzer over each protocol `--protocols` names (`http`; `grpc`: perf_analyzer
 2.51 sends its `-H` header over HTTP only, so with gRPC the stack leaves the model-config API open, which
 perf_analyzer reads; load and unload stay locked). Per point (benchmarks/served_points.py): throughput,
 p50 and p99, the GPU's utilisation and memory (Triton's metrics endpoint; NVML when Triton reports none)
@@ -29,11 +28,11 @@ and with the TorchScript profiling executor on or off; `--no-users` leaves the u
 `--client-cpus 0 4` measures each sweep twice: perf_analyzer on every core beside the server (one host, as
 the users measured), then on 4 cores of its own with the server on the rest (as a client on another host);
 each point records the cores perf_analyzer, tritonserver and the Python steps' stubs kept busy.
-`--steps torchscript` releases the ensemble with its pre/post steps compiled to TorchScript (the PyTorch
-backend serves them; no Python process between the steps). `--release folded` releases the same
-recommender with its pre/post lookups folded into the model (`bert4rec.WithCatalogue`: catalogue ids in
-and out, one TorchScript, no Python step) through the same steps.
-Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_folded|_compiled_steps][_<forms>][_<protocols>][_client<N_…>][_instances]_pytorch_backend.json
+`--steps torchscript` releases the ensemble with its pre/post steps compiled to TorchScript (the PyTorch backend
+serves them; no Python process between the steps), `--model-target aoti` its model step as an AOTInductor
+package. `--release folded` releases the recommender with its pre/post lookups folded into the model
+(`bert4rec.WithCatalogue`: catalogue ids in and out, one TorchScript, no Python step) through the same steps.
+Writes benchmarks/results/gpu_bert4rec_<device>_<precision>[_folded|_compiled_steps][_aoti][_<forms>][_<protocols>][_client<N_…>][_instances]_pytorch_backend.json
 (the files without `_pytorch_backend` were measured with the model step in the Python backend).
 """
 
@@ -172,6 +171,7 @@ def main() -> None:
         choices=("python", "torchscript"),
         help="the ensemble's pre/post steps: Python backend, or compiled to TorchScript (PyTorch backend)",
     )
+    parser.add_argument("--model-target", default="torchscript", choices=("torchscript", "aoti"), help="the model step")
     parser.add_argument(
         "--targets",
         default=None,
@@ -227,6 +227,7 @@ def main() -> None:
     placed = "_client" + "_".join(map(str, args.client_cpus)) if args.client_cpus != [0] else ""
     suffix = (
         ("_folded" if folded else "_compiled_steps" if args.steps == "torchscript" else "")
+        + ("_aoti" if args.model_target == "aoti" else "")
         + forms
         + protocols
         + placed
@@ -245,13 +246,14 @@ def main() -> None:
         else:
             compiled_steps = args.steps == "torchscript"
             bundle = bert4rec_build.build_bundle(
-                Path(tmp) / "bundle", factory, name, args.device, args.precision, tolerance, compiled_steps
-            )
+                Path(tmp) / "bundle", factory, name, args.device, args.precision, tolerance, compiled_steps,
+                target=args.model_target,
+            )  # fmt: skip
         report["build_seconds"] = time.monotonic() - t
         compiled = model_folder.read(bundle if folded else bundle / f"{name}_model")
-        report["plain_model"] = plain_model_ms(
-            compiled.version_dir / model_folder.MODEL_FILE, compiled.golden()[0], args.device, PLAIN_BATCHES
-        )
+        plain = compiled.version_dir / model_folder.MODEL_FILE  # a package has none (benchmarks/gpu_aoti.py times it)
+        golden = compiled.golden()[0]
+        report["plain_model"] = plain_model_ms(plain, golden, args.device, PLAIN_BATCHES) if plain.exists() else None
         version = publish(bundle, repo_uri, "gpu-bench", s3=stack.s3).version
         staged = stage(repo_uri, name, version, stack.gate.http_url, s3=stack.s3, run_id="gpu-bench")
         report["stage"] = json.loads(staged.to_json())

@@ -96,11 +96,12 @@ def build_bundle(
     precision: str = "fp32",
     tolerance: Tolerance | None = None,
     compiled_steps: bool = False,
+    target: Target = "torchscript",
 ) -> Path:
-    """Export (default method) and compile the model (TorchScript for Triton's PyTorch backend; on `device`
-    at `precision`, checked at `tolerance`, else the precision's), then assemble the release bundle with the
-    pre- and postprocessing steps (Python, or `compiled_steps`: TorchScript). The size is the factory's
-    model's."""
+    """Export (default method) and compile the model (TorchScript for Triton's PyTorch backend, or another
+    `target`; on `device` at `precision`, checked at `tolerance`, else the precision's), then assemble the
+    release bundle with the pre- and postprocessing steps (Python, or `compiled_steps`: TorchScript). The size is
+    the factory's model's."""
     from components.model.ensemble import assemble
     from components.model.signature import Signature
 
@@ -108,7 +109,9 @@ def build_bundle(
     size, signatures = eager.size, eager.size.signatures()
     with tempfile.TemporaryDirectory(prefix="tritonship-bert4rec-") as tmp:
         work = Path(tmp)
-        model = compiled_folder(factory, signatures["model"], work / f"{name}_model", device, precision, tolerance)
+        model = compiled_folder(
+            factory, signatures["model"], work / f"{name}_model", device, precision, tolerance, target=target
+        )
         assemble(
             out,
             name,
