@@ -254,7 +254,7 @@ def main() -> None:
         plain = compiled.version_dir / model_folder.MODEL_FILE  # a package has none (benchmarks/gpu_aoti.py times it)
         golden = compiled.golden()[0]
         report["plain_model"] = plain_model_ms(plain, golden, args.device, PLAIN_BATCHES) if plain.exists() else None
-        version = publish(bundle, repo_uri, "gpu-bench", s3=stack.s3).version
+        version = publish(bundle, repo_uri, "gpu-bench", s3=stack.s3, serving_torch=stack.serving_torch).version
         staged = stage(repo_uri, name, version, stack.gate.http_url, s3=stack.s3, run_id="gpu-bench")
         report["stage"] = json.loads(staged.to_json())
         print(f"staged v{version}: accuracy {'passed' if staged.accuracy_passed else 'FAILED'}", flush=True)
