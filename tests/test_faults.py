@@ -183,7 +183,7 @@ def test_s3_lost_half_way_through_a_promotion_fails_no_request_and_reconcile_con
     assert _desired(stack, name) == 2  # the state the message describes; the printed command converges it
     states = reconcile(f"s3://{stack.bucket}", replicas(stack), [name], s3=stack.s3)
     # the promotion died in its roll phase (the desired state names v2): reconcile finishes it and says so
-    finished = "settled: the promotion of v2 killed in its roll phase was finished"
+    finished = "settled: the unfinished promotion of v2 (stopped in its roll phase) was finished"
     assert [s.action for s in states] == ["in sync", "loaded", finished]
     assert _served(stack, name) == [2, 2] and _desired(stack, name) == 2
     assert _repo(stack).promotion(name) is None and _repo(stack).history(name)[-1]["settled_by"] == "reconcile"

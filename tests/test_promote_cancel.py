@@ -142,7 +142,7 @@ def test_sigkill_in_the_canary_then_reconcile_puts_every_replica_back_on_stable(
         argv = [sys.executable, "-m", "pipelines.cli", "reconcile", "-r", repository(stack), "-m", name]
         done = subprocess.run([*argv, "--replicas", targets], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"settled: the promotion of v{version} killed in its canary phase was reverted" in done.stdout
+    assert f"settled: the unfinished promotion of v{version} (stopped in its canary phase) was reverted" in done.stdout
     event = _assert_back_on_stable(stack, name, client)
     assert (event["event"], event["phase"], event["settled_by"]) == ("reverted", "canary", "reconcile")
     assert "never finished" in json.dumps(event["problems"])

@@ -184,8 +184,10 @@ def test_replica_killed_during_promotion_is_reported_as_not_reverted_and_reconci
         stack.restart_triton("prod-1")  # a pod restarted without --load-model: serves nothing
     assert TritonAdmin(dead).ready_versions(name) == []
     fixed = reconcile(repository(stack), replicas(stack), [name], s3=stack.s3)
-    assert [s.action for s in fixed] == ["in sync", "loaded"]
-    assert _served(stack, name) == [1, 1]
+    # S3 was reverted before prod-1 died: the unfinished promotion is settled as a revert
+    reverted = "settled: the unfinished promotion of v2 (stopped in its roll phase) was reverted"
+    assert [s.action for s in fixed] == ["in sync", "loaded", reverted]
+    assert _served(stack, name) == [1, 1] and repo.history(name)[-1]["settled_by"] == "reconcile"
     TritonAdmin(stack.gate.http_url).unload(candidate_name(name))
 
 

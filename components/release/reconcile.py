@@ -4,12 +4,12 @@ incident: a replica restarted without --load-model, a promotion killed half-way,
 An ensemble's desired state includes its members': they are checked and loaded before it, since its
 steps are pinned to member versions that must be loaded for the ensemble to load.
 
-A promotion that was killed (SIGKILL, a lost node) leaves its in-progress record
-(components/repository/promotions.py). Reconcile settles it by its phase: killed while copying or in the
-canary, the desired state still names the stable version, so every replica goes back to it and the history
-records the revert; killed while rolling or finishing, the desired state names the new version (its canary, if any,
-passed), so every replica goes on to it, an ensemble's members drop their old version, and the history records
-the promotion. Either way the record is deleted and the dead run's release lease given back. The pipeline's
+A promotion that did not finish (killed, or failed where a replica could not be put back) leaves its
+in-progress record (components/repository/promotions.py). Reconcile settles it by what the desired state names:
+the stable version (killed while copying or in the canary, or reverted in S3 before a replica failed), so every
+replica goes back to it and the history records the revert; or the new version (killed while rolling or
+finishing), so every replica goes on to it, an ensemble's members drop their old version, and the history
+records the promotion. Either way the record is deleted and the run's release lease given back. The pipeline's
 exit handler does the same for its own run."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from components import log
 from components.errors import TritonshipError
 from components.model.ensemble import member_names
 from components.model.model_config import ModelConfig, pin_version
-from components.repository import PHASES_BEFORE_DESIRED_STATE, ModelRepository, lease_owner
+from components.repository import ModelRepository, lease_owner
 from components.s3 import S3Settings
 from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
@@ -87,24 +87,31 @@ def reconcile(
         model, members = record["model"], _members(desired.get(record["model"]))
         if not all(s.ok for s in states if s.model in (model, *members)):
             continue  # a replica did not come right: the record stays for the next reconcile
-        if record["phase"] not in PHASES_BEFORE_DESIRED_STATE and members:
+        goes_on = _names(desired.get(model), record["version"])
+        if goes_on and members:
             finished = {m: pin_version(desired[m], record["version"]) for m in members}
             for member, config in finished.items():
                 repo.write_desired_config(member, config, repo.desired_config(member)[1])
             states += _sync(replicas, finished, dry_run)
-        states.append(_settle(repo, record))
+        states.append(_settle(repo, record, goes_on))
     return states
+
+
+def _names(config: ModelConfig | None, version: int) -> bool:
+    """Whether the desired state serves `version`: what settles an unfinished promotion, whatever its phase (a
+    failed one may have written the stable version back before a replica stopped its revert)."""
+    return config is not None and version in config.version_policy.specific.versions
 
 
 def _members(config: ModelConfig | None) -> list[str]:
     return member_names(config) if config is not None else []
 
 
-def _settle(repo: ModelRepository, record: dict) -> ReplicaState:
+def _settle(repo: ModelRepository, record: dict, goes_on: bool) -> ReplicaState:
     model, version, phase = record["model"], record["version"], record["phase"]
     previous = record.get("previous_version")
-    reverted = phase in PHASES_BEFORE_DESIRED_STATE
-    said = f"the promotion of v{version} stopped in its {phase} phase and never finished (its process was killed); " + (
+    reverted = not goes_on
+    said = f"the promotion of v{version} stopped in its {phase} phase and never finished; " + (
         f"reconcile put every replica back on {f'v{previous}' if previous else 'no version'}"
         if reverted
         else f"the desired state already named v{version}, so reconcile finished it"
@@ -122,7 +129,7 @@ def _settle(repo: ModelRepository, record: dict) -> ReplicaState:
     repo.clear_promotion(model)
     repo.release_lease(model, lease_owner(record.get("run_id", ""), model, version))
     log.event(LOG, "promotion settled", model=model, version=version, phase=phase, reverted=reverted)
-    action = f"settled: the promotion of v{version} killed in its {phase} phase was " + (
+    action = f"settled: the unfinished promotion of v{version} (stopped in its {phase} phase) was " + (
         "reverted" if reverted else "finished"
     )
     return ReplicaState("(history)", model, (), (), action)

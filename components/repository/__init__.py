@@ -21,7 +21,7 @@ from components.repository.history import History
 from components.repository.leases import DEFAULT_LEASE_SECONDS, LeaseHeld, Leases, lease_owner
 from components.repository.maintenance import Maintenance
 from components.repository.manifests import Manifest, Manifests, content_digest
-from components.repository.promotions import PHASES, PHASES_BEFORE_DESIRED_STATE, Promotions
+from components.repository.promotions import Promotions
 from components.repository.store import (
     TRANSFER,
     RepositoryError,
@@ -40,8 +40,6 @@ class ModelRepository(Maintenance, Manifests, Versions, DesiredState, Leases, Hi
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
-    "PHASES",
-    "PHASES_BEFORE_DESIRED_STATE",
     "TRANSFER",
     "DesiredState",
     "History",

@@ -10,10 +10,6 @@ from typing import Any
 
 from components.repository.store import Store, utc_now
 
-PHASES = ("copy", "canary", "roll", "finish")
-# In these phases the desired state still names the stable version; from "roll" on it names the candidate.
-PHASES_BEFORE_DESIRED_STATE = ("copy", "canary")
-
 
 class Promotions(Store):
     def _promotion_key(self, model: str) -> str:
