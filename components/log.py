@@ -6,6 +6,8 @@ import logging
 import sys
 from typing import Any
 
+from components.errors import TritonshipError
+
 
 class LogfmtFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -18,6 +20,13 @@ class LogfmtFormatter(logging.Formatter):
         return line
 
 
+class _StderrHandler(logging.StreamHandler):
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], TritonshipError):
+            raise  # a signal's Cancelled, raised while this line was written: logging would swallow it
+        super().handleError(record)
+
+
 def _quote(value: Any) -> str:
     text = str(value)
     return f'"{text}"' if (" " in text or not text) else text
@@ -26,7 +35,7 @@ def _quote(value: Any) -> str:
 def configure(verbosity: int = 0) -> None:
     """0: warnings only, 1: info (steps and figures), 2+: debug (also our dependencies at info)."""
     level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler(sys.stderr)
     handler.setFormatter(LogfmtFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

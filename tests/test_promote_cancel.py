@@ -8,6 +8,7 @@ after a sleep."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from components.release.cancel import Cancelled, cancellable, raise_pending
 from components.release.promote import PromotionCancelled, promote
 from components.repository import ModelRepository
 from components.serving.triton_admin import TritonAdmin
@@ -57,6 +59,31 @@ def _assert_back_on_stable(stack: EmbeddedStack, name: str, client: LiveTraffic)
     assert repo.promotion(name) is None and repo.lease(name) is None
     assert client.failures == [] and client.total > 0
     return repo.history(name)[-1]
+
+
+class _SignallingStream:
+    """A log stream whose write receives SIGTERM: the moment a command's signal lands inside a log line."""
+
+    def write(self, _text: str) -> None:
+        signal.raise_signal(signal.SIGTERM)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_signal_swallowed_by_a_log_write_is_raised_at_the_next_checkpoint(capsys):
+    logger = logging.getLogger("tritonship.test-cancel")
+    handler = logging.StreamHandler(_SignallingStream())
+    logger.addHandler(handler)
+    try:
+        with cancellable():
+            logger.warning("a line")  # logging's handleError swallows the Cancelled that the write raised
+            assert "Cancelled: stopped by SIGTERM" in capsys.readouterr().err
+            with pytest.raises(Cancelled, match="stopped by SIGTERM"):
+                raise_pending()
+        raise_pending()  # a new block starts with nothing pending
+    finally:
+        logger.removeHandler(handler)
 
 
 # (what the progress callback says when the signal goes, the phase then running); the canary phase is the

@@ -47,6 +47,7 @@ from components.clock import Clock, SystemClock
 from components.errors import TritonshipError
 from components.release import gate_stats
 from components.release.canary_settings import CanarySettings
+from components.release.cancel import raise_pending
 from components.release.results import CanaryResult
 from components.serving.live_metrics import Counts, Histogram, MetricsUnavailable, Scrape, scrape
 from components.serving.replicas import Replica
@@ -174,6 +175,7 @@ def _rounds(
     _check_canary(watch, canary, before, before)
     while True:
         clock.sleep(settings.round_s)
+        raise_pending()
         after = _read(canary + baseline)
         _check_canary(watch, canary, before, after)
         yield _round(watch, canary, baseline, before, after, settings)

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import NoReturn
 
 from components import log
 from components.errors import TritonshipError
 from components.model import ensemble, model_config
 from components.release.canary import CanaryFailed, Watch, bake, canary_count, decide
 from components.release.canary_settings import CanarySettings
-from components.release.cancel import Cancelled, cancellable, shielded
+from components.release.cancel import Cancelled, cancellable, raise_pending, shielded
 from components.release.results import CanaryResult, PromoteResult
 from components.release.rollout import PromotionError, Release, revert, switch_replica
 from components.release.stage import read_candidate
@@ -132,9 +133,24 @@ class Promotion:
         self.release: Release | None = None
 
     def run(self, settings: model_config.ServingSettings | None) -> PromoteResult:
-        for admin in self.admins:
-            admin.ensure_live()  # before anything changes: an unreachable replica stops the promotion here
-        unrecorded: S3Error | None = None
+        try:
+            for admin in self.admins:
+                admin.ensure_live()  # before anything changes: an unreachable replica stops the promotion here
+            unrecorded = self._phases(settings)
+        finally:
+            for admin in self.admins:
+                admin.close()
+        self.result.promoted = True
+        if unrecorded is not None:
+            raise PromotionError(
+                f"{self.model} v{self.version} is promoted (every replica serves it and S3 names it) but the last "
+                f"write to S3 (history or member configs) failed ({unrecorded}); re-run this promote step to finish it."
+            )
+        log.event(LOG, "promoted", model=self.model, version=self.version, previous=self.previous_version)
+        return self.result
+
+    def _phases(self, settings: model_config.ServingSettings | None) -> S3Error | None:
+        """Copy, canary, roll and finish; any failure or signal puts every replica back on the previous version."""
         try:
             self._enter("copy")
             self.release = self._copy(settings)
@@ -148,23 +164,13 @@ class Promotion:
             self._enter("roll")
             self._roll()
             self._enter("finish")
-            unrecorded = self._finish()
+            return self._finish()
         except TritonshipError as exc:
             with shielded():
                 self._fail(exc)
-        finally:
-            for admin in self.admins:
-                admin.close()
-        self.result.promoted = True
-        if unrecorded is not None:
-            raise PromotionError(
-                f"{self.model} v{self.version} is promoted (every replica serves it and S3 names it) but the last "
-                f"write to S3 (history or member configs) failed ({unrecorded}); re-run this promote step to finish it."
-            )
-        log.event(LOG, "promoted", model=self.model, version=self.version, previous=self.previous_version)
-        return self.result
 
     def _enter(self, phase: str) -> None:
+        raise_pending()
         self.phase = phase
         self.repo.write_promotion(
             self.model,
@@ -227,6 +233,7 @@ class Promotion:
                 self.progress("switching", self.replicas[i])
             self.result.load_seconds.append(switch_replica(self.repo, self.replicas[i], self.admins[i], self.release))
             self.switched.append(i)
+            raise_pending()
             if self.progress:
                 self.progress("switched", self.replicas[i])
 
@@ -252,7 +259,7 @@ class Promotion:
             return exc
         return None
 
-    def _fail(self, exc: TritonshipError) -> None:
+    def _fail(self, exc: TritonshipError) -> NoReturn:
         """Put every replica back on the stable version, record why, and raise the error that says so."""
         stopped = f"stopped by {exc.signal_name} in its {self.phase} phase" if isinstance(exc, Cancelled) else ""
         self.result.problems.append(stopped or str(exc))

@@ -15,7 +15,7 @@ from components import log
 from components.errors import TritonshipError
 from components.model import model_config
 from components.model.parity import parity_table
-from components.release.results import ReplicaOutcome
+from components.release.results import PromoteResult, ReplicaOutcome
 from components.release.stage import CandidateVersion, served_accuracy
 from components.repository import ModelRepository
 from components.s3 import S3Error
@@ -30,7 +30,7 @@ class PromotionError(TritonshipError):
 
     exit_code = 1
 
-    def __init__(self, message: str, result: object | None = None) -> None:
+    def __init__(self, message: str, result: PromoteResult | None = None) -> None:
         super().__init__(message)
         self.result = result
 
