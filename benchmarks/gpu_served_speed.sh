@@ -102,7 +102,7 @@ run() {
   python3 benchmarks/served_speed.py --device cuda --concurrency 1 16 --repeats 3 2>&1 \
     | grep -v "DEBUG\|frombuffer\|UserWarning" | tee "$OUT/served_speed.log"
   fetch "served_speed_cuda_*.json"
-  python3 -m pytest -p no:cacheprovider -m gpu -k gpu_instance tests/test_export_compile.py 2>&1 \
+  python3 -m pytest -p no:cacheprovider -m gpu -k gpu_instance tests/test_compile_gpu.py 2>&1 \
     | tee "$OUT/pytest_gpu_served.log"
 }
 
@@ -110,14 +110,14 @@ run() {
 # instances, fp32 and fp16, answers checked against eager (the gpu-marked test).
 backend() {
   unpack || exit 0
-  python3 -m pytest -p no:cacheprovider -m gpu -k gpu_instance tests/test_export_compile.py 2>&1 \
+  python3 -m pytest -p no:cacheprovider -m gpu -k gpu_instance tests/test_compile_gpu.py 2>&1 \
     | tee "$OUT/pytest_gpu_backend.log"
 }
 
 # Every gpu-marked test: CUDA TorchScript served by the backend's GPU build, and the ensemble release test.
 tests() {
   unpack || exit 0
-  python3 -m pytest -p no:cacheprovider -m gpu --durations=10 tests/test_export_compile.py tests/test_aoti.py tests/test_ensemble.py tests/test_latency_injection.py 2>&1 | tee "$OUT/pytest_gpu_h200.log"
+  python3 -m pytest -p no:cacheprovider -m gpu --durations=10 tests/test_compile_gpu.py tests/test_aoti.py tests/test_ensemble.py tests/test_latency_injection.py 2>&1 | tee "$OUT/pytest_gpu_h200.log"
 }
 
 # The users' BERT4Rec ensemble released and served default against tuned (benchmarks/gpu_bert4rec.py), one
@@ -161,7 +161,7 @@ floor() {
 aoti() {
   unpack || exit 0
   if [ "${AOTI_TESTS:-1}" = 1 ]; then
-    python3 -m pytest -p no:cacheprovider -m gpu --durations=5 tests/test_aoti.py tests/test_export_compile.py 2>&1 \
+    python3 -m pytest -p no:cacheprovider -m gpu --durations=5 tests/test_aoti.py tests/test_compile_gpu.py 2>&1 \
       | tee "$OUT/pytest_gpu_aoti.log" || true
     python3 -m pytest -p no:cacheprovider -k instance_count tests/test_aoti.py 2>&1 | tee -a "$OUT/pytest_gpu_aoti.log" || true
   fi

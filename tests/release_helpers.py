@@ -48,9 +48,13 @@ def finish_every_release(stack: EmbeddedStack, loaded_before: dict[str, set[str]
             for name in [*sorted(ensembles), *sorted(new - ensembles)]:  # an ensemble before its members
                 admin.unload(name)
     client = stack.s3.client()
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=stack.bucket):
-        for item in page.get("Contents", []):
-            if re.search(r"(^|/)leases/[^/]+\.json$", item["Key"]):
+    # a repository at the bucket's root or one folder down: its leases/ alone is listed, not the whole bucket,
+    # which the suite fills with thousands of objects
+    top = client.list_objects_v2(Bucket=stack.bucket, Delimiter="/").get("CommonPrefixes", [])
+    for folder in ["", *(p["Prefix"] for p in top)]:
+        listed = client.list_objects_v2(Bucket=stack.bucket, Prefix=f"{folder}leases/")
+        for item in listed.get("Contents", []):
+            if re.fullmatch(r"[^/]+\.json", item["Key"].removeprefix(f"{folder}leases/")):
                 client.delete_object(Bucket=stack.bucket, Key=item["Key"])
 
 

@@ -93,8 +93,10 @@ def _assert_close(answer: dict, reference: dict, check: str, tol: Tolerance = SE
             assert np.mean(answer[name] != expected) <= tol.int_mismatch, check
 
 
-@pytest.mark.parametrize("key", sorted(AOTI_MODELS))
-def test_an_aoti_folder_is_served_like_eager_then_tuned_gated_and_promoted(key, tmp_path, stack):
+# Every package is served like eager and batched; the users' model is then released. The release steps treat
+# a package as a model folder whatever its architecture: the other one's release would test nothing new.
+@pytest.mark.parametrize(("key", "released"), [("cnn", False), ("bert4rec", True)], ids=["cnn", "bert4rec"])
+def test_an_aoti_folder_is_served_like_eager_then_tuned_gated_and_promoted(key, released, tmp_path, stack):
     export_dir, path = _aoti_folder(tmp_path, key)
     folder = model_folder.read(path)
     assert (folder.version_dir / "model.pt2").is_file() and not (folder.version_dir / "model.pt").exists()
@@ -123,6 +125,8 @@ def test_an_aoti_folder_is_served_like_eager_then_tuned_gated_and_promoted(key, 
         stats = admin.statistics(staged.candidate)["model_stats"][0]["inference_stats"]
         mean = {part: stats[part]["ns"] / stats[part]["count"] for part in ("success", *COMPUTE_PARTS)}
         assert all(0 < mean[part] < mean["success"] for part in COMPUTE_PARTS), mean
+    if not released:
+        return
 
     two_in_flight = TuneSettings(budget=3, load=dataclasses.replace(TuneSettings().load, concurrency=2))
     tuned = tune(repository(stack), published.model, published.version, stack.gate.http_url, two_in_flight, s3=stack.s3)

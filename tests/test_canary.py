@@ -197,32 +197,3 @@ def test_a_canary_replica_killed_mid_bake_fails_the_canary_and_every_replica_ser
         _promote(stack, name, version, progress=kill_the_canary)
     assert info.value.result.reverted and _served(stack, name) == [1, 1]
     assert not [f for f in client.failures if stack.replicas[1].http_url in f]  # the stable replica served throughout
-
-
-@pytest.mark.slow
-def test_an_ensemble_release_canaries_as_one(tmp_path, stack):
-    from components.model.model_folder import load_golden
-    from pipelines.samples import recsys
-
-    name, members = "recsys", ["recsys_pre", "recsys_model", "recsys_post"]
-    v1 = install_stable(stack, recsys.build_bundle(tmp_path / "v1", "recommender_v1"))
-    bundle = recsys.build_bundle(tmp_path / "v2", "recommender_v2")
-    version = _staged(stack, bundle)
-    inputs, _ = load_golden(bundle / name / "1" / "golden.npz")
-    request = {"history": inputs["history"][:1]}
-    urls = [s.http_url for s in stack.replicas]
-    with LiveTraffic(urls, name, request, ["recommended"], rate_hz=40, cpus=stack.replica_cpus) as client:
-        result = _promote(stack, name, version)
-    canary = result.canary
-    assert result.promoted and canary.decision == "pass", canary.reasons
-    counted = [r for r in canary.rounds if r["counted"]]
-    # the ensemble's own requests decide; each member's mean latency on both sides is in every round
-    assert all(set(r["members"]) == set(members) for r in counted)
-    assert all(
-        r["members"][m]["canary_mean_ms"] and r["members"][m]["baseline_mean_ms"] for r in counted for m in members
-    )
-    assert client.failures == [] and set(client.versions) == {v1, version}
-    from components.serving.triton_admin import TritonAdmin
-
-    for server in stack.replicas:
-        assert all(TritonAdmin(server.http_url).ready_versions(m) == [version] for m in members)

@@ -1,5 +1,5 @@
 """Ensemble releases on the embedded stack: the recommender with its pre/post-processing steps, released,
-gated through the ensemble and promoted as one; a broken id map caught by the accuracy check."""
+gated through the ensemble and promoted as one through its canary; a broken id map caught by the accuracy check."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from components.model import model_config
 from components.model.ensemble import EnsembleError, ensemble_config, read_bundle, with_serving_settings
 from components.model.model_config import ServingSettings
 from components.model.model_folder import load_golden
+from components.release.canary_settings import CanarySettings
 from components.release.gate import gate
 from components.release.promote import promote, reject
 from components.release.publish import publish
@@ -38,6 +39,8 @@ CUDA_FORMS = [pytest.param("cuda", steps, marks=pytest.mark.gpu) for steps in ("
 THROUGH_THE_STABLE = dataclasses.replace(
     TEST_GATE, thresholds=Thresholds(max_p99_regression_pct=50, max_throughput_regression_pct=50)
 )
+# Short rounds and a far-off limit, as tests/test_canary.py's: the canary's machinery on an ensemble.
+QUICK_CANARY = CanarySettings(round_s=1.0, max_bake_s=20.0, min_requests=20, max_latency_regression_pct=100.0)
 
 
 @pytest.fixture(scope="module")
@@ -102,10 +105,21 @@ def test_ensemble_release_is_promoted_as_one_with_zero_failed_requests(stack, bu
         v2, staged, verdict = _release(stack, bundles["v2"], THROUGH_THE_STABLE, "ens-2")
         assert v2 == v1 + 1 and staged.accuracy_passed and verdict.verdict == "pass", verdict.reasons
         assert verdict.stable_version == v1 and verdict.stable.throughput  # measured through the stable ensemble
-        promote(repository(stack), NAME, v2, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id="ens-2")
+        result = promote(
+            repository(stack), NAME, v2, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id="ens-2",
+            canary=QUICK_CANARY,
+        )  # fmt: skip
     assert client.failures == [], client.failures[:3]
     assert set(client.versions) == {v1, v2}
     assert client.mismatches == []  # every answer is exactly one release's, never a mix
+
+    # the canary: the ensemble's own requests decide; each member's mean latency on both sides is in every round
+    assert result.promoted and result.canary.decision == "pass", result.canary.reasons
+    counted = [r for r in result.canary.rounds if r["counted"]]
+    assert counted and all(set(r["members"]) == set(MEMBERS) for r in counted)
+    assert all(
+        r["members"][m]["canary_mean_ms"] and r["members"][m]["baseline_mean_ms"] for r in counted for m in MEMBERS
+    )
 
     # production: the ensemble pinned to the new members, which alone are loaded and desired
     desired = repo.desired_config(NAME)[0]

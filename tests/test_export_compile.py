@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
@@ -15,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from components.model import model_config, model_folder, trace_retarget
-from components.model.compile import CompileError, GpuServing, ParityError, compile_model, tensorrt_compile_settings
+from components.model import model_config, model_folder
+from components.model.compile import ParityError, compile_model
 from components.model.export import ExportError, export, read_export
 from components.model.parity import Tolerance, compare
 from components.model.signature import POINTS, Signature, SignatureError
-from components.serving.triton_admin import TritonAdmin
+from tests.compile_helpers import assert_served_like_eager, export_sample
 from tests.models import (
     DYNAMIC_LENGTH_SIGNATURE,
     MLP,
@@ -28,24 +27,17 @@ from tests.models import (
     MODELS,
     RECOMMENDER_SIGNATURE,
     TARGET_INDEX_SIGNATURE,
-    upload_folder,
     write_signature,
 )
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _export(tmp_path: Path, key: str, **kwargs) -> Path:
-    factory, signature = MODELS[key]
-    export(factory, write_signature(tmp_path / f"{key}.yaml", signature), tmp_path / f"{key}-export", **kwargs)
-    return tmp_path / f"{key}-export"
-
-
 @pytest.mark.parametrize("key", sorted(MODELS))
 def test_model_exports_compiles_and_triton_answers_like_eager(key, tmp_path, stack, s3):
     """The model family on the default path: served = eager at the golden inputs, batch 1, an odd batch,
     max_batch_size and two lengths of a dynamic dimension."""
-    export_dir = _export(tmp_path, key)
+    export_dir = export_sample(tmp_path, key)
     info = json.loads((export_dir / "export.json").read_text())
     assert info["method"] == "torch.export" and info["fallback_reason"] is None
     name = f"ec_{key}"
@@ -71,7 +63,7 @@ def test_model_exports_compiles_and_triton_answers_like_eager(key, tmp_path, sta
         assert list(config_input.dims) == list(spec.shape[1:])  # a ranged dimension is -1 in Triton's config
 
     sets = {"golden": folder.golden(), **exported.checks}
-    _assert_triton_answers(stack, s3, folder, Tolerance(atol=1e-5, rtol=1e-4, int_mismatch=0.0), sets)
+    assert_served_like_eager(stack, s3, folder, Tolerance(atol=1e-5, rtol=1e-4, int_mismatch=0.0), sets)
 
 
 def test_a_ranged_length_is_staged_tuned_and_gated_at_its_opt(tmp_path, stack):
@@ -85,7 +77,7 @@ def test_a_ranged_length_is_staged_tuned_and_gated_at_its_opt(tmp_path, stack):
     from tests.release_helpers import ABSOLUTE_GATE, repository, unique
 
     name, at_opt = unique("ranged"), {"items": [16], "target_idx": [1]}  # the length at its opt, 16
-    compile_model(_export(tmp_path, "target_index"), tmp_path / name, name)
+    compile_model(export_sample(tmp_path, "target_index"), tmp_path / name, name)
     version = publish(tmp_path / name, repository(stack), s3=stack.s3).version
     staged = stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
     assert staged.accuracy_passed, staged.load_error
@@ -100,41 +92,8 @@ def test_a_ranged_length_is_staged_tuned_and_gated_at_its_opt(tmp_path, stack):
     assert "requests of items [16], target_idx [1]" in (tmp_path / "gate" / "report.md").read_text()
 
 
-def _assert_triton_answers(stack, s3, folder: model_folder.ModelFolder, tol: Tolerance, sets=None) -> None:
-    """Serve `folder` on a replica of the embedded stack (Triton's PyTorch backend, as the server's own view of
-    the config says) and compare its answers with the eager reference outputs of every set of inputs (default:
-    the golden samples)."""
-    name = folder.config.name
-    upload_folder(s3, stack.bucket, folder.path, f"models/{name}")
-    outputs = [s.name for s in folder.signature.outputs]
-    with TritonAdmin(stack.replicas[1].http_url) as admin:
-        admin.load(name)
-        try:
-            served = admin.model_config(name)
-            assert (served["platform"], served["backend"]) == ("pytorch_libtorch", "pytorch")
-            answers = {
-                check: (admin.infer_in_batches(name, inputs, outputs, folder.config.max_batch_size), reference)
-                for check, (inputs, reference) in (sets or {"golden": folder.golden()}).items()
-            }
-        finally:
-            admin.unload(name)
-    for check, (answer, reference) in answers.items():
-        for spec in folder.signature.outputs:
-            if spec.dtype == "fp32":
-                np.testing.assert_allclose(
-                    answer[spec.name],
-                    reference[spec.name],
-                    rtol=tol.rtol,
-                    atol=tol.atol,
-                    err_msg=f"{check}: {spec.name}",
-                )
-            else:
-                assert answer[spec.name].shape == reference[spec.name].shape, check
-                assert np.mean(answer[spec.name] != reference[spec.name]) <= tol.int_mismatch, check
-
-
 def test_compiled_model_that_differs_from_eager_fails_parity_and_writes_nothing(tmp_path):
-    export_dir = _export(tmp_path, "mlp")
+    export_dir = export_sample(tmp_path, "mlp")
     # Plant a different network (other weights) in place of the exported one.
     other = MLP(seed=1).eval()
     program = torch.export.export(other, (torch.randn(2, 16),))
@@ -149,7 +108,7 @@ def test_compiled_model_that_differs_from_eager_fails_parity_and_writes_nothing(
 
 def test_a_size_fixed_into_the_torchscript_fails_naming_the_shape_and_the_operations_own_message(tmp_path):
     # What tracing the exported program (rather than the eager module) does to a model that reads x.size(0).
-    export_dir = _export(tmp_path, "size_reshape")
+    export_dir = export_sample(tmp_path, "size_reshape")
     (export_dir / "model.ts").unlink()
     info = json.loads((export_dir / "export.json").read_text())
     (export_dir / "export.json").write_text(json.dumps({**info, "torchscript": None}))
@@ -228,7 +187,7 @@ def test_signature_file_errors_are_plain(data, expected):
 def test_user_golden_samples_are_used(tmp_path):
     inputs = {"x": np.random.default_rng(7).normal(size=(5, 16)).astype(np.float32)}
     np.savez(tmp_path / "golden.npz", **inputs)
-    export_dir = _export(tmp_path, "mlp", golden=tmp_path / "golden.npz")
+    export_dir = export_sample(tmp_path, "mlp", golden=tmp_path / "golden.npz")
     saved_in, saved_out = model_folder.load_golden(export_dir / "golden.npz")
     np.testing.assert_array_equal(saved_in["x"], inputs["x"])
     with torch.inference_mode():
@@ -369,120 +328,6 @@ def test_model_names_are_validated(name):
         model_config.validate_model_name(name)
 
 
-def test_tensorrt_settings_follow_the_documented_dynamo_api():
-    signature = Signature.from_dict(RECOMMENDER_SIGNATURE)
-    settings = tensorrt_compile_settings(signature, "fp16", opt_batch=8, workspace_bytes=1 << 30)
-    assert settings["ir"] == "dynamo" and settings["workspace_size"] == 1 << 30
-    assert "enabled_precisions" not in settings  # ignored on the dynamo path (docs/design.md section 5)
-    assert settings["enable_autocast"] is True and settings["autocast_low_precision_type"] == torch.float16
-    item_ids = settings["inputs_spec"][0]
-    assert (item_ids["min_shape"], item_ids["opt_shape"], item_ids["max_shape"]) == ((1, 40), (8, 40), (32, 40))
-    assert item_ids["dtype"] == torch.int64
-    fp32 = tensorrt_compile_settings(signature, "fp32", opt_batch=64, workspace_bytes=1)
-    assert "enable_autocast" not in fp32 and fp32["inputs_spec"][1]["opt_shape"] == (32, 1)
-
-
-def test_tensorrt_builds_one_profile_from_each_dynamic_dimensions_declared_range():
-    """The seed's Input(min_shape=[1, 40], opt_shape=[32, 40], max_shape=[64, 40]), with the length ranged too:
-    a named dimension shared by two inputs, and a bare -1 at the default range."""
-    signature = Signature.from_dict(
-        {
-            "max_batch_size": 64,
-            "dims": {"length": {"min": 8, "opt": 50, "max": 200}},
-            "inputs": [
-                {"name": "item_ids", "dtype": "int64", "shape": [-1, "length"]},
-                {"name": "mask", "dtype": "bool", "shape": [-1, "length"]},
-                {"name": "features", "dtype": "fp32", "shape": [-1, -1, 4]},
-            ],
-            "outputs": [{"name": "scores", "dtype": "fp32", "shape": [-1, 10]}],
-        }
-    )
-    inputs = tensorrt_compile_settings(signature, "fp16", opt_batch=32, workspace_bytes=1)["inputs_spec"]
-    profile = {i["name"]: (i["min_shape"], i["opt_shape"], i["max_shape"]) for i in inputs}
-    assert profile["item_ids"] == profile["mask"] == ((1, 8), (32, 50), (64, 200))
-    assert profile["features"] == ((1, 3, 4), (32, 8, 4), (64, 13, 4))  # DEFAULT_DIM_RANGE
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where CUDA/Torch-TensorRT are missing")
-def test_tensorrt_target_without_cuda_or_torch_tensorrt_names_the_missing_piece(tmp_path):
-    export_dir = _export(tmp_path, "mlp")
-    with pytest.raises(
-        CompileError, match=r"Torch-TensorRT \(torch_tensorrt\) is not installed|needs a CUDA GPU"
-    ) as info:
-        compile_model(export_dir, tmp_path / "out", "trt", target="tensorrt")
-    assert "compile image" in str(info.value)
-    assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-@pytest.mark.parametrize("key", ["recommender", "target_index"])  # a fixed length, and one ranged 3..64
-def test_tensorrt_compile_on_gpu(key, precision, tmp_path):
-    """The GPU sibling of test_tensorrt_builds_one_profile_from_each_dynamic_dimensions_declared_range."""
-    pytest.importorskip("torch_tensorrt")
-    export_dir = _export(tmp_path, key)
-    result = compile_model(export_dir, tmp_path / "out", key, target="tensorrt", precision=precision, device="cuda")
-    assert all(r.passed for r in result.parity)
-    if key == "target_index":  # parity held at the profile's min, opt and max length
-        assert {c.split("(")[-1] for c in (r.check for r in result.parity) if "(" in c} == {"min)", "opt)", "max)"}
-    assert (
-        model_folder.read(tmp_path / "out").config.instance_group[0].kind == model_config.mc.ModelInstanceGroup.KIND_GPU
-    )
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-@pytest.mark.parametrize("key", ["mlp", "cnn", "recommender", "two_heads"])
-def test_cuda_torchscript_passes_parity(key, precision, tmp_path):
-    """The GPU sibling of test_model_exports_compiles_and_triton_answers_like_eager (CPU)."""
-    export_dir = _export(tmp_path, key)
-    result = compile_model(export_dir, tmp_path / "out", key, precision=precision, device="cuda")
-    assert all(r.passed for r in result.parity)
-    folder = model_folder.read(tmp_path / "out")
-    assert folder.fingerprint()["gpu"]
-    served = torch.jit.load(str(folder.version_dir / model_folder.MODEL_FILE), map_location="cuda")
-    outputs = served(*(torch.from_numpy(a).cuda() for a in folder.golden()[0].values()))
-    assert [(o.device.type, o.dtype) for o in outputs] == [("cpu", s.torch_dtype) for s in folder.signature.outputs]
-
-
-def test_the_gpu_serving_wrapper_keeps_the_clients_dtypes_and_answers_on_the_host():
-    """The CPU sibling of test_cuda_torchscript_passes_parity's output check: the wrapper compile puts around a
-    CUDA model, traced here on the CPU in fp16, takes and gives the signature's dtypes, on the host."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
-    x = torch.randn(3, 8)
-    with torch.no_grad():
-        traced = torch.jit.trace(GpuServing(copy.deepcopy(model), [torch.float32], half=True), (x,))
-        (answer,) = traced(x)
-        assert answer.device.type == "cpu" and answer.dtype == torch.float32
-        torch.testing.assert_close(answer, model(x), rtol=1e-2, atol=1e-2)
-    moves = [
-        i.node().s("value")
-        for n in traced.graph.findAllNodes("aten::to")
-        for i in n.inputs()
-        if i.type().kind() == "DeviceObjType"
-    ]
-    assert moves == ["cpu"], "the traced wrapper must move its one output to the host, and only there"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_the_pytorch_backend_serves_cuda_torchscript_on_a_gpu_instance(precision, tmp_path, stack, s3):
-    """The GPU sibling of test_model_exports_compiles_and_triton_answers_like_eager: the embedded
-    Triton's PyTorch backend (its GPU build) runs the CUDA model.pt on the GPU its KIND_GPU instance is given."""
-    name = f"gpu_cnn_{precision}"
-    compile_model(_export(tmp_path, "cnn"), tmp_path / name, name, precision=precision, device="cuda")
-    folder = model_folder.read(tmp_path / name)
-    assert folder.config.instance_group[0].kind == model_config.mc.ModelInstanceGroup.KIND_GPU
-    _assert_triton_answers(stack, s3, folder, Tolerance.for_precision(precision))
-
-
-def test_fp16_is_refused_on_the_cpu(tmp_path):
-    export_dir = _export(tmp_path, "mlp")
-    with pytest.raises(CompileError, match="needs a CUDA device"):
-        compile_model(export_dir, tmp_path / "out", "m", precision="fp16")
-
-
 def test_integer_outputs_are_compared_exactly_unless_a_share_is_allowed():
     want = np.arange(20).reshape(2, 10)
     got = want.copy()
@@ -520,42 +365,3 @@ def test_cli_export_compile_and_bad_input_exit_codes(tmp_path):
     assert failed.stderr.startswith("error:") and "Traceback" not in failed.stderr
     assert not (tmp_path / "g").exists()
     shutil.rmtree(tmp_path / "e")
-
-
-def test_a_trace_made_on_the_cpu_in_fp32_is_pointed_at_the_compile_device_and_precision(tmp_path):
-    """BERT4Rec's trace keeps the CPU and the fp32 it was traced with (torch.arange(device=x.device),
-    transformers' mask.to(cpu) and .to(float32)); compiling for a GPU in fp16 rewrites those constants. Here
-    the fp16 trace runs on the CPU and must answer like the fp32 one (the cuda case runs in the gpu tests)."""
-    trace = read_export(_export(tmp_path, "bert4rec")).path / "model.ts"
-    module = torch.jit.load(str(trace)).eval()
-
-    def devices() -> list[str]:
-        return [
-            node.s("value")
-            for graph in trace_retarget._graphs(module)
-            for node in graph.findAllNodes("prim::Constant")
-            if node.output().type().kind() == "DeviceObjType"
-        ]
-
-    assert set(devices()) == {"cpu"}
-    assert trace_retarget.point_at_device(module, "cuda:0") == len(devices()) > 0
-    assert set(devices()) == {"cuda:0"}
-
-    torch.manual_seed(0)
-    half = torch.jit.load(str(trace)).eval()
-    assert trace_retarget.point_at_dtype(half, torch.float32, torch.float16) > 0
-    floats = {
-        node.f("value")
-        for graph in trace_retarget._graphs(half)
-        for node in graph.findAllNodes("prim::Constant")
-        if node.output().type().kind() == "FloatType"
-    }
-    # the attention mask's fill, fp32's lowest value, would overflow fp16
-    assert torch.finfo(torch.float16).min in floats and torch.finfo(torch.float32).min not in floats
-    items = torch.randint(1, 500, (4, 40))
-    position = torch.full((4, 1), 39)
-    indices, scores = half.half()(items, position)
-    want_indices, want_scores = torch.jit.load(str(trace)).eval()(items, position)
-    assert scores.dtype == torch.float16
-    torch.testing.assert_close(scores.float(), want_scores, rtol=2e-2, atol=2e-2)
-    assert (indices == want_indices).float().mean() >= 0.9  # fp16 may swap near-ties

@@ -263,10 +263,16 @@ def test_tune_result_round_trips_through_json():
     assert again.chosen == result.chosen and again.trials == result.trials and again.gain_pct == result.gain_pct
 
 
+def _every_key(stack) -> list[str]:
+    pages = stack.s3.client().get_paginator("list_objects_v2").paginate(Bucket=stack.bucket)
+    return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
 @pytest.mark.slow
-def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stack):
+def test_tune_on_the_gate_then_the_gate_reports_it_and_promote_writes_the_chosen_settings(tmp_path, stack):
     """For real: every setting is loaded on the gate as a config override and measured with perf_analyzer;
-    S3 is not written until promotion, which puts the chosen settings into production's config.pbtxt."""
+    S3 is not written until promotion, which puts the chosen settings into production's config.pbtxt. The gate's
+    report and history carry the tuning table."""
     name = unique("tune")
     (tmp_path / "v1").mkdir()
     folder = mlp_folder(tmp_path / "v1", name)
@@ -278,11 +284,11 @@ def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stac
         min_gain_pct=0,
     )
     version = publish(folder, repository(stack), s3=stack.s3).version
-    stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
+    staged = stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
     repo = ModelRepository(repository(stack), stack.s3)
     off = tune(repository(stack), name, version, stack.gate.http_url, settings, s3=stack.s3, enabled=False)
     assert (off.trials, off.chosen, off.enabled) == ([], off.default, False)  # turned off: the default, unmeasured
-    objects_before = sorted(o["Key"] for o in stack.s3.client().list_objects_v2(Bucket=stack.bucket)["Contents"])
+    objects_before = _every_key(stack)
 
     result = tune(repository(stack), name, version, stack.gate.http_url, settings, s3=stack.s3)
     assert 2 <= len(result.trials) <= 6 + 2 and all(t.measured for t in result.trials), [
@@ -300,11 +306,26 @@ def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stac
     assert served["instance_group"][0]["count"] == result.chosen.instance_count
     assert served["parameters"]["INTRA_OP_THREAD_COUNT"]["string_value"] == str(result.chosen.intra_op_threads)
     # the only S3 write was the history event
-    objects_after = sorted(o["Key"] for o in stack.s3.client().list_objects_v2(Bucket=stack.bucket)["Contents"])
+    objects_after = _every_key(stack)
     written = [k for k in objects_after if k not in objects_before]
     assert len(written) == 1 and written[0].startswith(f"history/{name}/") and written[0].endswith("-tuned.json")
     tuned_event = repo.history(name)[-1]
     assert tuned_event["event"] == "tuned" and len(tuned_event["trials"]) == len(result.trials)
+
+    first = dataclasses.replace(TEST_GATE, thresholds=dataclasses.replace(TEST_GATE.thresholds, max_p99_ms=1000))
+    gate(
+        repository(stack), name, version, stack.gate.http_url, first, staged, tmp_path / "g", s3=stack.s3, tuning=result
+    )
+    report = (tmp_path / "g" / "report.md").read_text()
+    assert f"{result.settings_measured} of {result.grid_size} measured" in report
+    rows = [line for line in report.splitlines() if line.startswith(("| 1 |", "| 2 |"))]  # instances first
+    assert len(rows) >= len(result.trials) + 1 and "chosen" in report
+    assert report.count("warm-up, not counted") == 1
+    assert "Serving settings measured" in (tmp_path / "g" / "report.html").read_text()
+    chosen_json = json.loads(json.dumps(dataclasses.asdict(result.chosen)))  # as JSON has it
+    assert json.loads((tmp_path / "g" / "verdict.json").read_text())["tuning"]["chosen"] == chosen_json
+    gate_event = repo.history(name)[-1]
+    assert gate_event["event"] == "gate" and gate_event["serving"] == chosen_json
 
     # promotion writes the chosen settings (here forced to something recognisable) into production
     # (a smaller max_batch_size than the golden samples' rows: the smoke check must send smaller requests)
@@ -330,32 +351,3 @@ def test_tune_on_the_gate_then_promote_writes_the_chosen_settings(tmp_path, stac
         assert config["parameters"]["DISABLE_OPTIMIZED_EXECUTION"]["string_value"] == "true"
         assert int(config["dynamic_batching"]["max_queue_delay_microseconds"]) == 1234
         assert TritonAdmin(server.http_url).served_version(name, {"x": np.ones((1, 16), np.float32)}, ["y"]) == 1
-
-
-@pytest.mark.slow
-def test_the_gate_report_and_history_carry_the_tuning_table(tmp_path, stack):
-    name = unique("tunegate")
-    (tmp_path / "v1").mkdir()
-    version = publish(mlp_folder(tmp_path / "v1", name), repository(stack), s3=stack.s3).version
-    staged = stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
-    small = TuneSettings(
-        load=perf.LoadSettings(concurrency=2, window_ms=500, stability_pct=RELAXED_STABILITY_PCT),
-        instance_counts=(1,),
-        queue_delays_us=(0, 1000),
-        budget=3,
-    )
-    tuned = tune(repository(stack), name, version, stack.gate.http_url, small, s3=stack.s3)
-    first = dataclasses.replace(TEST_GATE, thresholds=dataclasses.replace(TEST_GATE.thresholds, max_p99_ms=1000))
-    gate(
-        repository(stack), name, version, stack.gate.http_url, first, staged, tmp_path / "g", s3=stack.s3, tuning=tuned
-    )
-    report = (tmp_path / "g" / "report.md").read_text()
-    assert f"{tuned.settings_measured} of {tuned.grid_size} measured" in report
-    assert report.count("| 1 | ") >= len(tuned.trials) + 1 and "chosen" in report
-    assert report.count("warm-up, not counted") == 1
-    assert "Serving settings measured" in (tmp_path / "g" / "report.html").read_text()
-    chosen = json.loads(json.dumps(dataclasses.asdict(tuned.chosen)))  # as JSON has it
-    assert json.loads((tmp_path / "g" / "verdict.json").read_text())["tuning"]["chosen"] == chosen
-    gate_event = ModelRepository(repository(stack), stack.s3).history(name)[-1]
-    assert gate_event["event"] == "gate" and gate_event["serving"] == chosen
-    TritonAdmin(stack.gate.http_url).unload(f"{name}__candidate")
