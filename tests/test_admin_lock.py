@@ -72,6 +72,7 @@ def test_the_admin_key_appears_in_no_report_log_or_error(tmp_path, stack):
     assert stack.admin_key not in str(refused.value)
 
 
+@pytest.mark.slow
 def test_a_stack_with_model_config_open_is_measured_over_grpc_and_still_refuses_unload(tmp_path):
     """benchmarks/gpu_bert4rec.py --protocols grpc: perf_analyzer reads the model's config and sends its `-H`
     header over HTTP only, so that benchmark's stack leaves the model-config group open; load and unload stay

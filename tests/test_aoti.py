@@ -95,6 +95,7 @@ def _assert_close(answer: dict, reference: dict, check: str, tol: Tolerance = SE
 
 # Every package is served like eager and batched; the users' model is then released. The release steps treat
 # a package as a model folder whatever its architecture: the other one's release would test nothing new.
+@pytest.mark.slow
 @pytest.mark.parametrize(("key", "released"), [("cnn", False), ("bert4rec", True)], ids=["cnn", "bert4rec"])
 def test_an_aoti_folder_is_served_like_eager_then_tuned_gated_and_promoted(key, released, tmp_path, stack):
     export_dir, path = _aoti_folder(tmp_path, key)
@@ -146,6 +147,7 @@ def test_an_aoti_folder_is_served_like_eager_then_tuned_gated_and_promoted(key, 
             _assert_close(_answers(admin, folder, golden_in), golden_out, f"{server.name} after promote")
 
 
+@pytest.mark.slow
 def test_an_aoti_model_changes_its_instance_count_under_traffic_with_no_failed_request(tmp_path, stack):
     """Triton updates instances in place when only their count changes: with clients sending all along, the users'
     BERT4Rec as a package goes from 1 to 2 and 3 instances, no request fails and every answer is eager's. While

@@ -100,6 +100,7 @@ def _release(stack, tmp_path, candidate: dict, client_hz: float = 40):
     return name, version, result, error, client
 
 
+@pytest.mark.slow
 def test_an_equal_candidate_passes_the_canary_and_reaches_every_replica_with_no_failed_request(tmp_path, stack):
     name, version, result, error, client = _release(stack, tmp_path, {"seed": 1})
     assert error is None and result.promoted, error
@@ -123,6 +124,7 @@ def test_an_equal_candidate_passes_the_canary_and_reaches_every_replica_with_no_
     assert "<img" in (tmp_path / "report" / "report.html").read_text()  # each limit's interval, plotted
 
 
+@pytest.mark.slow
 def test_a_candidate_slow_only_on_the_live_mix_is_reverted_with_no_failed_request(tmp_path, stack):
     # at the golden inputs' length (8) it costs the same; at the clients' 96 several times more
     name, _version, result, error, client = _release(stack, tmp_path, {"seed": 1, "cubic_work": 4})
@@ -137,6 +139,7 @@ def test_a_candidate_slow_only_on_the_live_mix_is_reverted_with_no_failed_reques
     assert reverted["canary"]["decision"] == "fail"
 
 
+@pytest.mark.slow
 def test_a_candidate_that_fails_some_live_requests_is_reverted(tmp_path, stack):
     name, _version, result, error, client = _release(stack, tmp_path, {"seed": 1, "fails_when_long": True})
     assert isinstance(error, CanaryRejected) and "failed requests" in str(error), error
@@ -148,6 +151,7 @@ def test_a_candidate_that_fails_some_live_requests_is_reverted(tmp_path, stack):
     assert client.failures and all(stack.replicas[0].http_url in f for f in client.failures)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["revert", "promote"])
 def test_no_live_traffic_is_inconclusive_and_the_policy_decides(tmp_path, stack, policy):
     name = unique("quiet")
@@ -178,6 +182,7 @@ def test_an_unreachable_metrics_endpoint_fails_the_canary_and_reverts(tmp_path, 
     assert _served(stack, name) == [1, 1]
 
 
+@pytest.mark.slow
 def test_a_canary_replica_killed_mid_bake_fails_the_canary_and_every_replica_serves_stable(tmp_path, stack):
     name = unique("killed")
     install_stable(stack, sequence_folder(tmp_path, name, seed=1))

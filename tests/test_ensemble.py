@@ -141,6 +141,7 @@ def test_ensemble_release_is_promoted_as_one_with_zero_failed_requests(stack, bu
     assert restarted.ready_versions(NAME) == [v2] and all(restarted.ready_versions(m) == [v2] for m in MEMBERS)
 
 
+@pytest.mark.slow
 def test_broken_postprocessing_fails_the_accuracy_check_and_production_keeps_its_ensemble(
     stack, bundles, first_release
 ):
@@ -174,6 +175,7 @@ def test_broken_postprocessing_fails_the_accuracy_check_and_production_keeps_its
     assert events[0]["members"] == dict.fromkeys(MEMBERS, version)
 
 
+@pytest.mark.slow
 def test_reconcile_of_the_ensemble_loads_its_members_first(stack, bundles, first_release):
     """A replica restarted without --load-model: reconciling the ensemble alone brings its members back
     (at the versions its steps are pinned to) and then the ensemble."""
@@ -235,6 +237,7 @@ def test_cli_assembles_the_same_bundle_from_its_parts(tmp_path, bundles):
         np.testing.assert_array_equal(outputs[name], expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device, steps", [("cpu", "python"), ("cpu", "torchscript"), *CUDA_FORMS])
 def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, steps, tmp_path, stack):
     """The users' model in its production form: catalogue ids -> bert4rec_pre -> BERT4Rec (transformers,

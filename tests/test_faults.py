@@ -147,6 +147,7 @@ def test_s3_lost_at_the_publish_history_write_is_recorded_by_the_rerun(tmp_path,
     assert _events(stack, name) == [("published", 1)]
 
 
+@pytest.mark.slow
 def test_s3_lost_half_way_through_a_promotion_fails_no_request_and_reconcile_converges(tmp_path, stack, impatient_s3):
     name = unique()
     install_stable(stack, _mlp(tmp_path, name, "v1"))
@@ -190,6 +191,7 @@ def test_s3_lost_half_way_through_a_promotion_fails_no_request_and_reconcile_con
     TritonAdmin(stack.gate.http_url).unload(candidate_name(name))
 
 
+@pytest.mark.slow
 def test_s3_lost_at_the_promotion_history_write_is_recorded_by_the_rerun(tmp_path, stack, impatient_s3, monkeypatch):
     name = unique()
     install_stable(stack, _mlp(tmp_path, name, "v1"))
@@ -220,6 +222,7 @@ def test_s3_lost_at_the_promotion_history_write_is_recorded_by_the_rerun(tmp_pat
 
 
 # ------------------------------------------------------------------------------------- killed servers
+@pytest.mark.slow
 def test_production_triton_killed_and_restarted_during_promotion(tmp_path, stack):
     name = unique()
     install_stable(stack, _mlp(tmp_path, name, "v1"))
@@ -323,6 +326,7 @@ def _gate_again(stack: EmbeddedStack, name: str, version: int, run_id: str):
     return gate(repository, name, version, stack.gate.http_url, ABSOLUTE_GATE, s3=stack.s3, run_id=run_id)
 
 
+@pytest.mark.slow
 def test_gate_server_killed_during_the_gate_fails_closed_and_the_rerun_completes(tmp_path, stack):
     name = unique()
     install_stable(stack, _mlp(tmp_path, name, "v1"))
@@ -368,6 +372,7 @@ def test_gate_server_killed_during_the_gate_fails_closed_and_the_rerun_completes
     ]
 
 
+@pytest.mark.slow
 def test_perf_analyzer_killed_mid_run_fails_closed_and_the_rerun_completes(tmp_path, stack):
     name = unique()
     install_stable(stack, _mlp(tmp_path, name, "v1"))

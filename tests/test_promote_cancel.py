@@ -95,6 +95,7 @@ MOMENTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("moment", "phase"), MOMENTS, ids=[p for _, p in MOMENTS])
 def test_sigterm_in_each_phase_puts_every_replica_back_on_stable(moment, phase, tmp_path, stack):
     name, version = _released_over_stable(stack, tmp_path)
@@ -141,6 +142,7 @@ def _signal_on_line(process: subprocess.Popen, needle: str, signum: int) -> list
     return lines + err.splitlines(keepends=True) + [out]
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_promote_command_in_its_canary_reverts_and_says_so(tmp_path, stack):
     name, version = _released_over_stable(stack, tmp_path, tmp_path / "gate")
     with _clients(stack, name) as client:
@@ -154,6 +156,7 @@ def test_sigterm_to_the_promote_command_in_its_canary_reverts_and_says_so(tmp_pa
     assert (event["event"], event["phase"]) == ("reverted", "canary")
 
 
+@pytest.mark.slow
 def test_sigkill_in_the_canary_then_reconcile_puts_every_replica_back_on_stable(tmp_path, stack):
     name, version = _released_over_stable(stack, tmp_path, tmp_path / "gate")
     repo = ModelRepository(repository(stack), stack.s3)

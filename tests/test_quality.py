@@ -138,6 +138,7 @@ def raising_metric(outputs, labels):
     raise ValueError("no such thing as a free recommendation")
 
 
+@pytest.mark.slow
 def test_bad_evaluation_data_or_metrics_are_one_sentence_and_leave_stable_serving(tmp_path, stack, trained):
     """Each bad input: a plain error naming it, the candidate still staged, the stable version serving in production
     and not left loaded on the gate; one of them through the CLI, which exits non-zero with that sentence."""
