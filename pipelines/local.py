@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import os
+import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -117,6 +118,23 @@ def run_local(
         return _run(parameters, pipeline_root.resolve(), kfp_runner, env or {}, quiet)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def task_error(log: str) -> str:
+    """The error the last failed task ended with, from the runner's captured output: the last line of its
+    traceback, without the exception's module path."""
+    lines = log.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() == "Traceback (most recent call last):"]
+    if not starts:
+        return ""
+    indent = len(lines[starts[-1]]) - len(lines[starts[-1]].lstrip())
+    for line in lines[starts[-1] + 1 :]:
+        if line.strip() and len(line) - len(line.lstrip()) == indent:
+            return re.sub(r"^[\w.]*?(\w+): ", r"\1: ", line.strip())
+    return ""
+
+
 def _run(parameters: dict[str, Any], pipeline_root: Path, runner: Any, env: dict[str, str], quiet: bool) -> LocalRun:
     from kfp import local
 
@@ -136,7 +154,11 @@ def _run(parameters: dict[str, Any], pipeline_root: Path, runner: Any, env: dict
         with contextlib.redirect_stdout(log) if quiet else contextlib.nullcontext(), expected_warnings_silenced():
             release_pipeline(**parameters)
     except Exception as exc:
-        raise LocalRunError(f"the pipeline failed under the local runner: {str(exc).splitlines()[0]}") from None
+        said = _ANSI.sub("", str(exc).splitlines()[0])
+        cause = task_error(log.getvalue())
+        raise LocalRunError(
+            f"the pipeline failed under the local runner: {said}{f' {cause}' if cause else ''}"
+        ) from None
     finally:
         kfp_logger.setLevel(previous_level)
         for key, value in saved.items():

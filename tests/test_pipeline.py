@@ -236,3 +236,14 @@ def test_only_the_local_runners_expected_image_warning_is_silenced():
             ):
                 warnings.warn(message, category, stacklevel=1)
     assert [str(w.message) for w in seen] == ["a task failed to report its metrics", other]
+
+
+def test_a_failed_tasks_own_error_ends_the_local_runs_message():
+    """What KFP's SubprocessRunner printed for a task that failed, recorded: its traceback's last line."""
+    from pipelines.local import task_error
+
+    log = (Path(__file__).parent / "fixtures" / "kfp_local_failed_task.log").read_text()
+    assert task_error(log) == (
+        "ExportError: pipelines.samples.bert4rec has no callable 'no_such_model'; the factory must return an nn.Module."
+    )
+    assert task_error("Task 'export-op' finished with status FAILURE") == ""
