@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from components.release.gate import gate
@@ -56,6 +58,14 @@ def finish_every_release(stack: EmbeddedStack, loaded_before: dict[str, set[str]
         for item in listed.get("Contents", []):
             if re.fullmatch(r"[^/]+\.json", item["Key"].removeprefix(f"{folder}leases/")):
                 client.delete_object(Bucket=stack.bucket, Key=item["Key"])
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Until `condition()` holds (polled); an AssertionError naming `what` when `timeout_s` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s} s"
+        time.sleep(0.05)
 
 
 def unique(prefix: str = "r") -> str:

@@ -31,7 +31,7 @@ from components.serving.triton_admin import AOTI_BACKEND_ENV, TritonAdmin, for_s
 from components.settings import RELAXED_STABILITY_PCT, LoadSettings
 from pipelines.samples import bert4rec
 from tests.models import CNN_SIGNATURE, MODELS, write_signature
-from tests.release_helpers import ABSOLUTE_GATE, replicas, repository, unique
+from tests.release_helpers import ABSOLUTE_GATE, replicas, repository, unique, wait_for
 
 COMPUTE_PARTS = ("compute_input", "compute_infer", "compute_output")
 SERVED = Tolerance(atol=1e-4, rtol=1e-4, int_mismatch=0.0)
@@ -228,10 +228,8 @@ def _execution_overlap(admin: TritonAdmin, model: str, during) -> float:
 
 def _wait_for_answers(answered: list, more: int, timeout_s: float = 60.0) -> None:
     """Until `more` answers have come in since the call (the clients run), within `timeout_s`."""
-    target, deadline = len(answered) + more, time.monotonic() + timeout_s
-    while len(answered) < target:
-        assert time.monotonic() < deadline, f"the clients got {len(answered)} of {target} answers in {timeout_s} s"
-        time.sleep(0.05)
+    target = len(answered) + more
+    wait_for(lambda: len(answered) >= target, timeout_s, f"{target} answers from the clients")
 
 
 def _is_live(url: str) -> bool:

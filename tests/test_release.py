@@ -28,6 +28,7 @@ from tests.release_helpers import (
     repository,
     stage_and_gate,
     unique,
+    wait_for,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,13 +57,10 @@ def test_equal_candidate_passes_is_promoted_with_zero_failed_requests_and_surviv
         assert staged.accuracy_passed and verdict.verdict == "pass", verdict.reasons
         promotion_started = time.monotonic()
         promote(repository(stack), name, version, replicas(stack), verdict.verdict, stack.gate.http_url, s3=stack.s3)
-        deadline = time.monotonic() + 30
-        while client.versions[2] < 20 and time.monotonic() < deadline:  # live requests reach v2
-            time.sleep(0.05)
+        wait_for(lambda: client.versions[2] >= 20, 30, "20 live requests answered by v2")
     assert client.failures == [], client.failures[:5]
     assert client.total > 100
     assert client.versions_before(promotion_started) == {1}  # the candidate was dark during stage and gate
-    assert client.versions[2] >= 20
     assert _served(stack, name) == [2, 2]
     assert repo.desired_config(name)[0].version_policy.specific.versions == [2]
     assert not TritonAdmin(stack.gate.http_url).is_ready(candidate_name(name))  # unloaded from the gate

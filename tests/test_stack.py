@@ -24,6 +24,7 @@ from components.settings import RELAXED_STABILITY_PCT, LoadSettings
 from pipelines.processes import ManagedProcess, pid_alive, port_is_open
 from pipelines.stack import GATE_METRICS_ENV, REPLICAS_ENV, EmbeddedStack, S3Server, TritonServer
 from tests.models import mlp_folder, upload_folder
+from tests.release_helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -132,8 +133,8 @@ def test_killed_owner_leaves_no_server_behind(tmp_path):
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
-    _wait_for(lambda: not pid_alive(s3_pid) and not pid_alive(triton_pid), 15)
-    _wait_for(lambda: not port_is_open(http_port), 15)
+    wait_for(lambda: not pid_alive(s3_pid) and not pid_alive(triton_pid), 15, "the owner's S3 and Triton ended")
+    wait_for(lambda: not port_is_open(http_port), 15, "the owner's Triton port closed")
 
 
 def test_stack_up_prints_endpoints_and_stack_down_stops_everything(tmp_path):
@@ -220,17 +221,6 @@ def _closed_port() -> int:
     from pipelines.processes import free_port
 
     return free_port()
-
-
-def _wait_for(condition, timeout: float) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.mark.skipif(os.geteuid() != 0 and sys.platform != "linux", reason="needs /proc")
