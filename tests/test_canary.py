@@ -127,7 +127,7 @@ def test_an_equal_candidate_passes_the_canary_and_reaches_every_replica_with_no_
 @pytest.mark.slow
 def test_a_candidate_slow_only_on_the_live_mix_is_reverted_with_no_failed_request(tmp_path, stack):
     # at the golden inputs' length (8) it costs the same; at the clients' 96 several times more
-    name, _version, result, error, client = _release(stack, tmp_path, {"seed": 1, "cubic_work": 4})
+    name, _version, result, error, client = _release(stack, tmp_path, {"seed": 1, "cubic_work": 8})
     assert isinstance(error, CanaryRejected) and "failed on live traffic" in str(error), error
     assert "mean latency" in str(error) and "every replica was reverted to v1" in str(error).lower()
     assert result.canary.decision == "fail" and result.canary.outcome == "reverted" and result.reverted
