@@ -314,7 +314,7 @@ def bert4rec_request() -> dict[str, np.ndarray]:
 def served_backends(url: str) -> dict[str, str]:
     """Each READY model of a server and `platform/backend` from its own model config."""
     with TritonAdmin(url) as admin:
-        ready = sorted(m["name"] for m in admin.repository_index() if m.get("state") == "READY")
+        ready = sorted(admin.ready_models())
         configs = {name: admin.model_config(name) for name in ready}
     return {name: f"{c.get('platform', '')}/{c.get('backend', '')}" for name, c in configs.items()}
 

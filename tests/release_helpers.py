@@ -34,7 +34,7 @@ def loaded_models(stack: EmbeddedStack) -> dict[str, set[str]]:
     found = {}
     for server in (stack.gate, *stack.replicas):
         with TritonAdmin(server.http_url, timeout=30, retries=1) as admin:
-            found[server.name] = {e["name"] for e in admin.repository_index() if e.get("state") == "READY"}
+            found[server.name] = set(admin.ready_models())
     return found
 
 

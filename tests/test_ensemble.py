@@ -129,7 +129,7 @@ def test_ensemble_release_is_promoted_as_one_with_zero_failed_requests(stack, bu
         for url in urls:
             assert TritonAdmin(url).ready_versions(member) == [v2]
     # the gate holds no candidate and no stable copy any more
-    gate_index = {e["name"] for e in TritonAdmin(stack.gate.http_url).repository_index() if e.get("state") == "READY"}
+    gate_index = set(TritonAdmin(stack.gate.http_url).ready_models())
     assert not gate_index & {NAME, *MEMBERS, candidate_name(NAME), *map(candidate_name, MEMBERS)}
 
     events = [e for e in repo.history(NAME) if e["run_id"] == "ens-2"]

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import requests
 
+from components.model import model_config
 from components.model.model_folder import load_golden
 from components.s3 import S3Settings
 from components.serving import admin_key, perf
@@ -57,7 +58,17 @@ def test_model_put_in_s3_is_loaded_answers_and_is_measured(stack, s3, tmp_path):
         assert 0 < point.p50_us <= point.p90_us <= point.p99_us
         served = admin.statistics("stack_mlp")["model_stats"][0]["inference_count"]
         assert served >= point.throughput  # the requests really reached the server
+
+        # two versions at once: the READY ones read from the statistics are the repository index's
+        upload_folder(s3, stack.bucket, folder / "1", "models/stack_mlp/2")
+        config = model_config.parse_pbtxt((folder / "config.pbtxt").read_text())
+        admin.load("stack_mlp", model_config.pin_version(config, 1, 2))
+        admin.wait_ready("stack_mlp", 2)
+        indexed = [(e["name"], int(e["version"])) for e in admin.repository_index() if e.get("state") == "READY"]
+        assert [e for e in indexed if e[0] == "stack_mlp"] == [("stack_mlp", 1), ("stack_mlp", 2)]
+        assert admin.ready_models() == {name: [v for n, v in indexed if n == name] for name, _ in indexed}
         admin.unload("stack_mlp")
+        assert "stack_mlp" not in admin.ready_models() and admin.ready_versions("stack_mlp") == []
 
 
 def test_input_data_file_is_perf_analyzer_format(tmp_path):

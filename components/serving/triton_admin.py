@@ -156,14 +156,17 @@ class TritonAdmin:
             f"model '{model}' version {version or 'latest'} on {self.url} was not ready within {timeout:.0f} s."
         )
 
+    def ready_models(self) -> dict[str, list[int]]:
+        """Every model that is loaded and READY, with its READY versions. Read from the statistics, which Triton
+        keeps for those alone: its repository index would list every model folder of the repository (in S3)."""
+        found: dict[str, list[int]] = {}
+        for entry in self.statistics().get("model_stats", []):
+            found.setdefault(entry["name"], []).append(int(entry["version"]))
+        return {name: sorted(versions) for name, versions in found.items()}
+
     def ready_versions(self, model: str) -> list[int]:
         """The versions of `model` that are loaded and READY."""
-        index = self.repository_index()
-        return sorted(
-            int(entry["version"])
-            for entry in index
-            if entry.get("name") == model and entry.get("state") == "READY" and entry.get("version")
-        )
+        return self.ready_models().get(model, [])
 
     def repository_index(self) -> list[dict[str, Any]]:
         return self._call(
