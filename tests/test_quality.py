@@ -3,6 +3,7 @@ candidate and stable served side by side by Triton's PyTorch backend on the gate
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -16,12 +17,15 @@ import numpy as np
 import pytest
 
 from components.errors import TritonshipError
+from components.model import model_config
 from components.release.gate import gate
 from components.release.promote import PromotionError, promote, reject
 from components.release.publish import publish
 from components.release.quality import quality
 from components.release.quality_spec import QualitySpec
 from components.release.stage import stage
+from components.release.tune import default_settings
+from components.repository import ModelRepository
 from components.s3 import S3Settings
 from components.serving.triton_admin import TritonAdmin
 from pipelines.demo import TRAINED, trained_checkpoint
@@ -73,7 +77,8 @@ def test_a_first_release_is_held_to_its_floor_then_equal_retrains_pass_and_a_deg
     tmp_path, stack, trained
 ):
     name = unique("q")
-    v1 = _staged(stack, _folder(tmp_path, name, trained["seed0"], "v1"))
+    first_folder = _folder(tmp_path, name, trained["seed0"], "v1")
+    v1 = _staged(stack, first_folder)
     first = _check(stack, name, v1, trained["parquet"])
     assert first.decision == "pass" and first.stable_version is None, first.reasons
     assert [e["name"] for e in first.effects] == ["hit_rate@10"]  # the floor alone: nothing to compare with
@@ -82,7 +87,14 @@ def test_a_first_release_is_held_to_its_floor_then_equal_retrains_pass_and_a_deg
     assert {m["slice"] for m in first.metrics} == {"", "head", "tail"}
     too_high = QualitySpec.model_validate({"metrics": [HIT_RATE | {"floor": 0.99}], "slice": "segment"})
     assert _check(stack, name, v1, trained["npz"], too_high).decision == "fail"
-    promote(repository(stack), name, v1, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3)
+    # stable serves smaller batches than the candidate's 16, as tuning may choose: each request must fit both
+    built = default_settings(model_config.parse_pbtxt((first_folder / "config.pbtxt").read_text()))
+    assert built.max_batch_size == 16
+    promote(
+        repository(stack), name, v1, replicas(stack), "pass", stack.gate.http_url,
+        dataclasses.replace(built, max_batch_size=4), s3=stack.s3,
+    )  # fmt: skip
+    assert ModelRepository(repository(stack), stack.s3).desired_config(name)[0].max_batch_size == 4
 
     v2 = _staged(stack, _folder(tmp_path, name, trained["seed1"], "v2"))  # another seed, same data
     equal = _check(stack, name, v2, trained["npz"])

@@ -51,8 +51,10 @@ def surface(throughput, p99=lambda s: 1.0):
 
 def test_the_grid_holds_every_combination_once():
     points = grid(DEFAULT, SPACE)
-    # instances 3 x max batch {1, 4, 16, 32} x delays 4 x preferred {none, what the load fills}
-    assert len(points) == 3 * 4 * 4 * 2 == len(set(points))
+    # instances 3 x max batch {1, 32} (4, 16 and 32 hold the 4 in flight alike) x delays 4 x preferred {none,
+    # what the load fills}
+    assert len(points) == 3 * 2 * 4 * 2 == len(set(points))
+    assert {p.max_batch_size for p in points} == {1, 32}
     assert DEFAULT in points
     in_flight = SPACE.load.concurrency  # 4 requests of batch 1
     assert all(p.preferred_batch_sizes in ((), (min(in_flight, p.max_batch_size),)) for p in points)
@@ -72,6 +74,19 @@ def test_no_more_instances_are_tried_than_requests_in_flight_at_the_tuning_load(
     assert {s.instance_count for s in dict(knobs(two, one_in_flight))["instance_count"](two)} == {1, 2}
     at_a_rate = dataclasses.replace(SPACE, load=dataclasses.replace(SPACE.load, concurrency=1, request_rate=500.0))
     assert {s.instance_count for s in dict(knobs(DEFAULT, at_a_rate))["instance_count"](DEFAULT)} == {1, 2, 3}
+
+
+def test_max_batch_sizes_the_requests_in_flight_cannot_fill_are_not_tried():
+    def sizes(default: ServingSettings, settings: TuneSettings) -> set[int | None]:
+        return {s.max_batch_size for s in dict(knobs(default, settings))["max_batch_size"](default)}
+
+    one_in_flight = dataclasses.replace(SPACE, load=dataclasses.replace(SPACE.load, concurrency=1))
+    assert sizes(DEFAULT, one_in_flight) == {32}  # every size serves batches of 1: nothing to tune
+    assert sizes(DEFAULT, SPACE) == {1, 32}  # 4 in flight: only a size below 4 batches differently
+    many = dataclasses.replace(SPACE, load=dataclasses.replace(SPACE.load, concurrency=64))
+    assert sizes(DEFAULT, many) == {1, 4, 16, 32}
+    at_a_rate = dataclasses.replace(SPACE, load=dataclasses.replace(SPACE.load, concurrency=1, request_rate=500.0))
+    assert sizes(DEFAULT, at_a_rate) == {1, 4, 16, 32}  # requests in flight unbounded
 
 
 def test_an_ensembles_pre_post_steps_get_an_instance_count_of_their_own():
@@ -168,7 +183,7 @@ def test_search_finds_a_queue_delay_that_only_pays_with_a_preferred_batch_size()
     measure, measured = surface(throughput)
     result = search(measure, DEFAULT, SPACE, len(grid(DEFAULT, SPACE)))
     assert throughput(result.chosen) == 2400 and result.chosen.preferred_batch_sizes == (4,)
-    assert len(measured) < len(grid(DEFAULT, SPACE)) / 4
+    assert len(measured) < len(grid(DEFAULT, SPACE)) / 2  # 17 of the 48
 
 
 def test_search_keeps_p99_within_the_limit_the_default_sets():

@@ -4,8 +4,8 @@ data, as Triton serves both? (docs/design.md section 4, quality.)
 How it measures
     The evaluation set (components/model/eval_data.py) is first checked whole against the candidate's signature and
     the spec's labels, before anything is loaded. Then the stable version is loaded on the gate beside the dark
-    candidate (as the gate step does), and every row is sent to both, in requests of the model's max_batch_size,
-    a few in flight per model; each metric's value per row is kept for both (a float a row per metric and
+    candidate (as the gate step does), and every row is sent to both, in requests of the smaller of the two
+    versions' max_batch_size, a few in flight per model; each metric's value per row is kept for both (a float a row per metric and
     version: a million rows fit), and the stable version is unloaded again.
 
 How it decides
@@ -95,7 +95,11 @@ def quality(
                     raise QualityError(f"the stable version could not be loaded on the gate server: {exc}") from None
             try:
                 targets = [(name, str(version))] + ([(model, str(stable_version))] if desired is not None else [])
-                rows, slices = measure(admin.url, data, candidate, spec, metrics, targets, chunk_rows, progress)
+                # each request fits both versions: stable may serve a smaller max_batch_size (tuned or built so)
+                largest = min(c.max_batch_size for c in (candidate.config, desired) if c is not None)
+                rows, slices = measure(
+                    admin.url, data, candidate, spec, metrics, targets, chunk_rows, largest, progress
+                )
             finally:
                 if desired is not None:
                     admin.unload_with_members(model)
@@ -141,9 +145,11 @@ def measure(
     metrics: list[Metric],
     targets: list[tuple[str, str]],
     chunk_rows: int,
+    max_batch_size: int,
     progress: Progress | None = None,
 ) -> tuple[list[list[np.ndarray]], np.ndarray | None]:
-    """Every row through every target; per target and metric, the rows' values; and each row's slice."""
+    """Every row through every target, at most `max_batch_size` rows a request; per target and metric, the rows'
+    values; and each row's slice."""
     wanted = spec_outputs(spec)
     values: list[list[np.ndarray | None]] = [[None] * len(metrics) for _ in targets]
     slices: list[np.ndarray] = []
@@ -163,7 +169,7 @@ def measure(
     ):
         closing.callback(lambda: [client.close() for client in clients])
         for chunk in data.chunks(chunk_rows, columns):
-            requests = list(batches(chunk, candidate.signature, candidate.config.max_batch_size))
+            requests = list(batches(chunk, candidate.signature, max_batch_size))
             answers = [[pool.submit(infer, t, b.inputs) for b in requests] for t in targets]
             for t, futures in enumerate(answers):
                 for batch, future in zip(requests, futures, strict=True):
