@@ -5,8 +5,8 @@ How it measures
     The evaluation set (components/model/eval_data.py) is first checked whole against the candidate's signature and
     the spec's labels, before anything is loaded. Then the stable version is loaded on the gate beside the dark
     candidate (as the gate step does), and every row is sent to both, in requests of the smaller of the two
-    versions' max_batch_size, a few in flight per model; each metric's value per row is kept for both (a float a row per metric and
-    version: a million rows fit), and the stable version is unloaded again.
+    versions' max_batch_size, a few in flight per model; each metric's value per row is kept for both (a float a
+    row per metric and version: a million rows fit), and the stable version is unloaded again.
 
 How it decides
     Per metric: the paired difference candidate - stable (and relative to stable) with its interval at the
