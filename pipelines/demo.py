@@ -57,6 +57,7 @@ DEMO_CANARY = {
 # The gate's limits against stable for the demo's machine: two cores shared with the live clients, two production
 # replicas and, maybe, a CPU-bound job, where one round's p99 moves by a third. At the default 10% an equal model
 # (v2 against v1, v5 against v2) there took up to the whole 120 s budget to decide; v3 is 50% slower and half as fast.
+# The demo's releases alone take them: the tests that build on demo_parameters keep the default limits.
 DEMO_GATE = {"max_p99_regression_pct": 25.0, "max_throughput_regression_pct": 20.0}
 
 
@@ -100,7 +101,7 @@ def replica_thread_counts(stack: EmbeddedStack) -> str:
     replica: a demo run promoted v2 with 2 threads for +5% on the gate, and on its one-CPU replicas v2 then
     answered the live clients in 1.4-1.7 ms, where one thread answered in 0.7-1.1 ms."""
     fewest = min((len(cpus) for cpus in stack.replica_cpus if cpus), default=None)
-    return ",".join(str(n) for n in DEFAULT_INTRA_OP_THREAD_COUNTS if fewest is None or n <= fewest) or "1"
+    return ",".join(str(n) for n in DEFAULT_INTRA_OP_THREAD_COUNTS if fewest is None or n <= fewest)
 
 
 def summary_row(label: str, run: LocalRun) -> list[str]:
