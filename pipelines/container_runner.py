@@ -1,7 +1,7 @@
 """The release pipeline's tasks in the project's images under KFP's DockerRunner, through any Docker API: a
 Docker engine's, or podman's (`podman system service`, started here for the run where nothing else answers).
 
-kfp 2.17's runner needs three fixes for that (docs/design.md section 5), made in `ContainerTasks.run`,
+kfp 2.17's runner needs four fixes for that (docs/design.md section 5), made in `ContainerTasks.run`,
 which stands in for kfp's `run_docker_container` while a run lasts:
 - kfp starts a task with auto-remove and asks for its exit code after; podman has removed it by then (a 500),
   and where the wait gets a 404 kfp reports exit code 0, so a failed task could pass. Here a task runs without
@@ -10,12 +10,17 @@ which stands in for kfp's `run_docker_container` while a run lasts:
   are handed to the image's user before each task.
 - the tasks reach the embedded stack on the host's loopback (host network) and get the run's environment (S3
   credentials, the admin key) as container environment, never as pipeline parameters.
+- a task whose image is a pipeline parameter (`set_container_image`: the export task's `model_image`) is handed
+  the parameter's placeholder as its image, which Kubeflow's backend resolves and kfp's local runner does not.
+  It is resolved here from the task's own inputs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -33,6 +38,7 @@ if TYPE_CHECKING:
     from kfp.local import DockerRunner
 
 API_START_TIMEOUT_S = 30.0
+IMAGE_PARAMETER = re.compile(r"\{\{\$\.inputs\.parameters\['([^']+)'\]\}\}")
 
 
 class ContainerRunError(TritonshipError):
@@ -62,8 +68,16 @@ class ContainerTasks:
         volumes: dict[str, Any],
         **container_run_args: Any,
     ) -> int:
+        import docker
+
+        image = resolved_image(image, command)
         image = self.images.get(image, image)
-        user = client.images.get(image).attrs["Config"].get("User") or ""
+        try:
+            user = client.images.get(image).attrs["Config"].get("User") or ""
+        except docker.errors.ImageNotFound:
+            raise ContainerRunError(
+                f"the image {image} is not here; build it (tritonship images build) or pull it, and run again."
+            ) from None
         for host_path in volumes:
             _hand_folders_to(Path(host_path), user)
         environment = {**self.env, **(container_run_args.pop("environment", None) or {})}
@@ -83,6 +97,18 @@ class ContainerTasks:
             return int(container.wait()["StatusCode"])
         finally:
             container.remove(force=True)
+
+
+def resolved_image(image: str, command: list[str]) -> str:
+    """`image`, or where it is a parameter's placeholder, that parameter's value in the task's executor input."""
+    parameter = IMAGE_PARAMETER.fullmatch(image)
+    if not parameter:
+        return image
+    executor_input = json.loads(command[command.index("--executor_input") + 1])
+    value = executor_input["inputs"]["parameterValues"].get(parameter[1])
+    if not value:
+        raise ContainerRunError(f"the task's image is the parameter {parameter[1]}, which is empty; give an image.")
+    return value
 
 
 def _hand_folders_to(root: Path, user: str) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from components.errors import TritonshipError
 from components.serving.triton_admin import TritonAdmin
 from components.settings import DEFAULT_INTRA_OP_THREAD_COUNTS
 from pipelines.live_traffic import LIVE_OUTPUTS, LiveTraffic, live_request
@@ -257,8 +258,30 @@ def upload_eval(stack: EmbeddedStack, workdir: Path) -> str:
     return f"s3://{stack.bucket}/eval/bert4rec-sessions.parquet"
 
 
-def run_demo(console: Console, workdir: Path | None = None, runner: str = "subprocess") -> int:
-    """The five releases; `runner` "docker" runs every pipeline task in the project's images (built here)."""
+# What the story sets for each release and for the stack: the demo refuses them as parameters.
+SET_BY_THE_STORY = (
+    "model_source",
+    "checkpoint",
+    "signature",
+    "model_name",
+    "eval_data",
+    "quality_spec",
+    "repository",
+    "s3_endpoint",
+    "replicas",
+    "gate",
+)
+
+
+def run_demo(
+    console: Console, workdir: Path | None = None, runner: str = "subprocess", overrides: dict[str, Any] | None = None
+) -> int:
+    """The five releases; `runner` "docker" runs every pipeline task in the project's images (built here);
+    `overrides`, pipeline parameters every release takes (not those of SET_BY_THE_STORY)."""
+    overrides = overrides or {}
+    told = sorted(set(overrides) & set(SET_BY_THE_STORY))
+    if told:
+        raise TritonshipError(f"the demo's story sets {', '.join(told)} itself; give the other parameters only.")
     workdir = workdir or Path(tempfile.mkdtemp(prefix="tritonship-demo-"))
     table = Table(title=f"tritonship demo: five releases of '{MODEL}' (BERT4Rec on transformers)")
     for column in ("release", "version", "verdict", "p99 ms", "infer/s", "hit rate@10", "reason"):
@@ -288,8 +311,10 @@ def run_demo(console: Console, workdir: Path | None = None, runner: str = "subpr
                 status.update(
                     f"releasing {label} (export, compile, publish, stage, quality, tune, gate, canary, promote/reject)"
                 )
-                parameters = DEMO_GATE | demo_parameters(
-                    stack, source, checkpoint=training.checkpoint(weights), eval_data=eval_data
+                parameters = (
+                    DEMO_GATE
+                    | demo_parameters(stack, source, checkpoint=training.checkpoint(weights), eval_data=eval_data)
+                    | overrides
                 )
                 run = run_local(parameters, workdir / "pipeline-runs", env=stack.env(), runner=runner)
                 runs.append(run)

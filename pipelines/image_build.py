@@ -5,22 +5,27 @@ where a Docker engine answers, else with podman.
 debootstrap from the mirror apt uses, the tools image on it and the gate image on that (versions.yaml `local`).
 A podman build gets the host's pip configuration (what `pip config list` shows, written as one pip.conf), the
 local files it names (wheel folders, file:// indexes, constraints) and its CA bundle as read-only mounts of its
-RUN steps: pip behind a proxy with its own certificate works, and none of it stays in an image."""
+RUN steps: pip behind a proxy with its own certificate works, and none of it stays in an image.
+
+`build_model_image` builds a user's image: the tools image plus their model package (images/model.Dockerfile),
+for the pipeline's export task (`model_image`) and their training."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from components.errors import TritonshipError
-from pipelines.images import MATRIX, matrix
+from pipelines.images import MATRIX, in_registry, matrix
 
 ROOT = MATRIX.parents[1]
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -43,10 +48,21 @@ class ImageBuild:
     dockerfile: Path
     tag: str
     build_args: dict[str, str]
+    context: Path = ROOT
 
 
-def plan(local: bool = False) -> list[ImageBuild]:
-    """The images in build order: the NGC-based three, or (`local`) the tools image and the gate image on it."""
+def plan(local: bool = False, registry: str | None = None) -> list[ImageBuild]:
+    """The images in build order: the NGC-based three, or (`local`) the tools image and the gate image on it;
+    tagged in `registry` where one is given."""
+    builds = _plan(local)
+    tags = {b.tag: in_registry(b.tag, registry) for b in builds}
+    return [
+        dataclasses.replace(b, tag=tags[b.tag], build_args={k: tags.get(v, v) for k, v in b.build_args.items()})
+        for b in builds
+    ]
+
+
+def _plan(local: bool) -> list[ImageBuild]:
     m = matrix()
     torch = {"TORCH": m["tools_torch"], "TORCH_INDEX": m["tools_torch_index"]}
     if local:
@@ -190,7 +206,10 @@ def build(image: ImageBuild, engine_name: str, push: bool = False, mounts: list[
     log_file = BUILD_LOGS / f"{image.dockerfile.stem}.log"
     with log_file.open("w") as output:
         built = subprocess.run(
-            [*command, "-f", str(image.dockerfile), str(ROOT)], stdout=output, stderr=subprocess.STDOUT, check=False
+            [*command, "-f", str(image.dockerfile), str(image.context)],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            check=False,
         )
     if built.returncode:
         raise ImageBuildError(
@@ -202,7 +221,9 @@ def build(image: ImageBuild, engine_name: str, push: bool = False, mounts: list[
     return time.monotonic() - started
 
 
-def build_all(local: bool, push: bool = False, log: Callable[[str], None] = print) -> dict[str, dict[str, float]]:
+def build_all(
+    local: bool, push: bool = False, log: Callable[[str], None] = print, registry: str | None = None
+) -> dict[str, dict[str, float]]:
     """Build every image of the plan (and the local base first, where `local`); per tag, its build seconds and
     size in MB."""
     engine_name = engine()
@@ -213,12 +234,67 @@ def build_all(local: bool, push: bool = False, log: Callable[[str], None] = prin
             base = matrix()["local"]["base"]
             seconds = build_local_base(engine_name, log=log)
             report[base] = {"seconds": round(seconds, 1), "mb": round(image_size(engine_name, base) / 1e6)}
-        for image in plan(local):
+        for image in plan(local, registry):
             log(f"images: building {image.tag} ({image.dockerfile.name}) with {engine_name}")
             seconds = build(image, engine_name, push, mounts)
             report[image.tag] = {"seconds": round(seconds, 1), "mb": round(image_size(engine_name, image.tag) / 1e6)}
             log(f"images: {image.tag} in {seconds:.0f} s, {report[image.tag]['mb']:.0f} MB")
     return report
+
+
+# ------------------------------------------------------------------------------ the user's model image
+SOURCE_LEFT_OUT = (".git", ".venv", "__pycache__", "*.egg-info", "build", "dist", ".stack", ".tools")
+
+
+def model_package_tag(package: Path, registry: str | None = None) -> str:
+    """The default name of a model package's image: its distribution name and version, in `registry` (else
+    localhost), from a wheel's file name or a source folder's pyproject.toml."""
+    if package.is_file() and package.suffix == ".whl":
+        name, version = package.name.split("-")[:2]
+    elif (package / "pyproject.toml").is_file():
+        project = tomllib.loads((package / "pyproject.toml").read_text()).get("project", {})
+        name, version = project.get("name"), project.get("version")
+        if not (name and isinstance(version, str)):
+            raise ImageBuildError(
+                f"{package}/pyproject.toml names no [project] name and version; give the image's name with --tag."
+            )
+    else:
+        raise ImageBuildError(
+            f"--model-package {package} is neither a wheel (.whl) nor a folder with a pyproject.toml; give one of them."
+        )
+    return f"{(registry or 'localhost').rstrip('/')}/{re.sub(r'[^a-z0-9.]+', '-', name.lower())}:{version}"
+
+
+def build_model_image(
+    package: Path,
+    local: bool,
+    push: bool = False,
+    registry: str | None = None,
+    tag: str | None = None,
+    log: Callable[[str], None] = print,
+) -> tuple[str, dict[str, float]]:
+    """The tools image (the local build's, where `local`) with the user's model package installed: a source folder
+    or a wheel. Its tag and its build seconds and size in MB."""
+    package = package.resolve()
+    if not package.exists():
+        raise ImageBuildError(f"--model-package {package} does not exist; give a source folder or a wheel.")
+    tag = tag or model_package_tag(package, registry)
+    tools = next(b for b in plan(local, registry) if b.kind == "tools").tag
+    engine_name = engine()
+    if local and not image_exists(engine_name, tools):
+        raise ImageBuildError(f"the tools image {tools} is not here; build it first (bash scripts/images.sh --local).")
+    with tempfile.TemporaryDirectory(prefix="tritonship-model-image-") as workdir:
+        context = Path(workdir) / "context"
+        if package.is_file():
+            (context / "package").mkdir(parents=True)
+            shutil.copy2(package, context / "package" / package.name)
+        else:
+            shutil.copytree(package, context / "package", ignore=shutil.ignore_patterns(*SOURCE_LEFT_OUT))
+        image = ImageBuild("model", ROOT / "images/model.Dockerfile", tag, {"BASE": tools}, context)
+        mounts = host_pip_mounts(Path(workdir)) if engine_name == "podman" else []
+        log(f"images: building {tag} ({package.name} on {tools}) with {engine_name}")
+        seconds = build(image, engine_name, push, mounts)
+    return tag, {"seconds": round(seconds, 1), "mb": round(image_size(engine_name, tag) / 1e6)}
 
 
 def _quiet(command: list[str]) -> bool:

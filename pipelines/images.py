@@ -9,7 +9,12 @@ from typing import Any
 
 import yaml
 
+from components.errors import TritonshipError
+
 MATRIX = Path(__file__).resolve().parents[1] / "images" / "versions.yaml"
+# Where a user pushes the project's images (`images build --push`) and which registry the compiled pipeline names
+# (`pipeline compile`, `submit`, `schedule`): the option --registry, else this variable, else versions.yaml's.
+REGISTRY_ENV = "TRITONSHIP_REGISTRY"
 
 
 @functools.cache
@@ -20,6 +25,24 @@ def matrix() -> dict[str, Any]:
 def image(step_kind: str) -> str:
     """The image a pipeline component runs in: compile, gate or tools."""
     return matrix()["images"][step_kind]
+
+
+def in_registry(name: str, registry: str | None) -> str:
+    """`name` (a matrix image such as ghcr.io/tritonship/tools:0.1.0) in `registry` (host[:port][/path]): the
+    repository's last part and the tag are kept. An empty registry keeps the name."""
+    registry = (registry or "").strip().rstrip("/")
+    if not registry:
+        return name
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.-]*(:\d+)?(/[a-z0-9._-]+)*", registry):
+        raise TritonshipError(
+            f"the registry {registry!r} is not host[:port][/path] in lower case; give one such as registry.example.com/ml."
+        )
+    return f"{registry}/{name.rsplit('/', 1)[-1]}"
+
+
+def registry_images(registry: str | None) -> dict[str, str]:
+    """The matrix's pipeline images (compile, gate, tools) as they are named in `registry`."""
+    return {kind: in_registry(name, registry) for kind, name in matrix()["images"].items()}
 
 
 def ngc_release_of(image: str) -> str:

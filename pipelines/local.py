@@ -9,12 +9,12 @@ import logging
 import os
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.errors import TritonshipError
+from components.errors import REFUSAL_PREFIX, TritonshipError
 
 # Expected by design, once per task: our components name their images (images/versions.yaml), which the
 # SubprocessRunner does not run, and the compile task asks for a GPU, which it ignores. Only these are silenced.
@@ -96,9 +96,10 @@ def run_local(
     env: dict[str, str] | None = None,
     quiet: bool = True,
     runner: str = "subprocess",
+    pipeline: Callable[..., Any] | None = None,
 ) -> LocalRun:
-    """Run `release_pipeline` with `parameters` under KFP's local runner: "subprocess" runs every task in this
-    environment (no venv), "docker" each in its image, built here (pipelines/container_runner.py).
+    """Run `pipeline` (default: `release_pipeline`) with `parameters` under KFP's local runner: "subprocess" runs
+    every task in this environment (no venv), "docker" each in its image, built here (pipelines/container_runner.py).
 
     `env` (S3 credentials, for example) is set for the run's tasks, as this process's environment, which
     subprocesses inherit, or as each container's; it is never a pipeline parameter.
@@ -115,17 +116,20 @@ def run_local(
             from kfp import local
 
             kfp_runner = local.SubprocessRunner(use_venv=False)
-        return _run(parameters, pipeline_root.resolve(), kfp_runner, env or {}, quiet)
+        return _run(parameters, pipeline_root.resolve(), kfp_runner, env or {}, quiet, pipeline)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def task_error(log: str) -> str:
-    """The error the last failed task ended with, from the runner's captured output: the last line of its
-    traceback, without the exception's module path."""
-    lines = log.splitlines()
+    """The error the last failed task ended with, from the runner's captured output: a refusal's own line
+    (`error: …`, components/errors.py), or the last line of its traceback without the exception's module path."""
+    lines = [_ANSI.sub("", line) for line in log.splitlines()]
+    refusals = [i for i, line in enumerate(lines) if line.strip().startswith(REFUSAL_PREFIX)]
     starts = [i for i, line in enumerate(lines) if line.strip() == "Traceback (most recent call last):"]
+    if refusals and (not starts or refusals[-1] > starts[-1]):
+        return lines[refusals[-1]].strip().removeprefix(REFUSAL_PREFIX)
     if not starts:
         return ""
     indent = len(lines[starts[-1]]) - len(lines[starts[-1]].lstrip())
@@ -135,10 +139,18 @@ def task_error(log: str) -> str:
     return ""
 
 
-def _run(parameters: dict[str, Any], pipeline_root: Path, runner: Any, env: dict[str, str], quiet: bool) -> LocalRun:
+def _run(
+    parameters: dict[str, Any],
+    pipeline_root: Path,
+    runner: Any,
+    env: dict[str, str],
+    quiet: bool,
+    pipeline: Callable[..., Any] | None,
+) -> LocalRun:
     from kfp import local
 
-    from pipelines.pipeline import release_pipeline
+    if pipeline is None:
+        from pipelines.pipeline import release_pipeline as pipeline
 
     pipeline_root.mkdir(parents=True, exist_ok=True)
     before = set(pipeline_root.iterdir())
@@ -152,7 +164,7 @@ def _run(parameters: dict[str, Any], pipeline_root: Path, runner: Any, env: dict
         if quiet:
             kfp_logger.setLevel(logging.WARNING)
         with contextlib.redirect_stdout(log) if quiet else contextlib.nullcontext(), expected_warnings_silenced():
-            release_pipeline(**parameters)
+            pipeline(**parameters)
     except Exception as exc:
         said = _ANSI.sub("", str(exc).splitlines()[0])
         cause = task_error(log.getvalue())

@@ -251,7 +251,7 @@ def _release_pipeline(
             model_source=model_source, checkpoint=checkpoint, signature=signature, settings=checked.outputs["export"]
         ),
         aws_secret_name,
-    )
+    ).set_container_image(steps["model_image"])  # the one task that imports the user's code
     compiled = _compile_task(
         exported, model_name, checked.outputs["compile"], gpu_count, gpu_node_selector, gpu_tolerations
     )

@@ -19,7 +19,8 @@ from pipelines.images import check_one_ngc_release, matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "images"
-KINDS = ("compile", "gate", "tools", "gate-local")
+KINDS = ("compile", "gate", "tools", "gate-local")  # built from the project's folder
+USER_KINDS = ("model",)  # built from a context image_build makes: the user's package as package/
 SECRET_WORDS = re.compile(r"(SECRET|PASSWORD|TOKEN|ACCESS_KEY|PRIVATE_KEY|AWS_)", re.I)
 
 
@@ -38,10 +39,11 @@ def test_the_compile_and_triton_images_come_from_one_ngc_release():
     assert all(matrix()["ngc_release"] in matrix()["images"][k] for k in ("compile", "gate"))
 
 
-def test_publish_checks_packages_against_the_matrix_torch():
-    from components.settings import SERVING_TORCH
+def test_the_settings_name_the_matrix_torch_and_tools_image():
+    from components.settings import SERVING_TORCH, TOOLS_IMAGE
 
-    assert matrix()["serving_torch"] == SERVING_TORCH
+    assert matrix()["serving_torch"] == SERVING_TORCH  # publish checks packages against it
+    assert matrix()["images"]["tools"] == TOOLS_IMAGE  # model_image's default
 
 
 def test_a_mismatched_release_is_caught():
@@ -71,7 +73,7 @@ def test_every_dockerfile_takes_its_base_and_pins_as_arguments_whose_defaults_ar
         assert re.search(r":[\w][\w.-]*$", base) and not base.endswith(":latest"), base
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + USER_KINDS)
 def test_hadolint_passes(kind):
     hadolint = Path(sys.executable).with_name("hadolint")
     linted = subprocess.run(
@@ -90,7 +92,7 @@ def test_every_copy_source_exists(kind):
                 assert (ROOT / source).exists(), f"{kind}.Dockerfile: {source} does not exist"
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + USER_KINDS)
 def test_runs_as_a_non_root_user_and_bakes_in_no_secret(kind):
     parsed = commands(kind)
     users = [c.value[0] for c in parsed if c.cmd == "USER"]

@@ -34,9 +34,12 @@ def test_compiled_yaml_has_the_kubernetes_settings_and_pinned_images_and_no_secr
     docs = list(yaml.safe_load_all(text))
     spec, platform = docs[0], docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     executors = spec["deploymentSpec"]["executors"]
-    images = {e["container"]["image"] for e in executors.values()}
-    assert images == set(matrix()["images"].values())
-    assert all(re.search(r":[\w.-]+$", i) and not i.endswith(":latest") for i in images)
+    images = {n: e["container"]["image"] for n, e in executors.items()}
+    # the export task runs in the model_image parameter (the user's package), whose default is the tools image
+    assert images.pop("exec-export-op") == "{{$.inputs.parameters['pipelinechannel--model_image']}}"
+    assert spec["root"]["inputDefinitions"]["parameters"]["model_image"]["defaultValue"] == matrix()["images"]["tools"]
+    assert set(images.values()) == set(matrix()["images"].values())
+    assert all(re.search(r":[\w.-]+$", i) and not i.endswith(":latest") for i in images.values())
     compile_exec = executors["exec-compile-op"]["container"]
     assert compile_exec["image"] == matrix()["images"]["compile"]
     assert compile_exec["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
@@ -161,7 +164,7 @@ def test_example_training_pipeline_releases_what_it_trained(tmp_path, stack, mon
         model_name=name,
     )
     run = LocalRun.read(next((tmp_path / "runs").iterdir()))
-    assert run.artifact("train-op", "trained")["metadata"]["hit_rate_at_10"] > 0.3  # trained: chance is 0.02
+    assert run.artifact("train-op", "metrics")["metadata"]["hit_rate_at_10"] > 0.3  # trained: chance is 0.02
     metrics = run.artifact("quality-op", "metrics")["metadata"]  # what the Kubeflow UI compares runs by
     assert metrics["quality_passed"] == 1.0 and metrics["hit_rate_10_candidate"] > 0.3, metrics
     assert "ndcg_10_candidate" in metrics and "hit_rate_10_difference" not in metrics  # a first release

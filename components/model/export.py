@@ -40,7 +40,7 @@ from torch import nn
 from components import log
 from components.model import trace_retarget
 from components.model.model_folder import load_checks, load_golden, save_checks, save_golden
-from components.model.model_source import ExportError, first_line, load_model
+from components.model.model_source import ExportError, first_line, load_model, where_this_runs
 from components.model.signature import POINTS, Signature, SignatureError, check_tensor, dtype_name
 from components.s3 import S3Settings
 from components.settings import DEFAULT_EXPORT_METHOD, DEFAULT_GOLDEN_SAMPLES
@@ -333,7 +333,7 @@ class ExportedModel:
                 trace_retarget.point_at_device(module, device)
             return module
         if self.artifact.name == EXPORTED_PROGRAM_FILE:
-            program = torch.export.load(str(self.artifact))
+            program = self._program()
             if device != "cpu":
                 # Moving the module alone leaves devices that export baked into ops (e.g. .to(dtype)) on the CPU.
                 from torch.export.passes import move_to_device_pass
@@ -345,6 +345,18 @@ class ExportedModel:
                 program = move_to_device_pass(program, place)
             return program.module()
         return torch.jit.load(str(self.artifact), map_location=device).eval()
+
+    def _program(self) -> torch.export.ExportedProgram:
+        """The saved program, which needs none of the model's code unless it calls an operator the model's package
+        registers: then one sentence says so."""
+        try:
+            return torch.export.load(str(self.artifact))
+        except Exception as exc:  # torch raises many types for an operator or class it cannot find
+            raise ExportError(
+                f"{self.artifact} cannot be loaded without code of the model's package in {where_this_runs()} "
+                f"({first_line(exc)}): it calls an operator or class that package registers; run this step in an "
+                "image with the package, or export without the custom operator."
+            ) from None
 
 
 def read_export(path: Path) -> ExportedModel:

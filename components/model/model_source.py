@@ -5,12 +5,14 @@ sentence saying what to fix; a checkpoint is loaded as data only (`weights_only=
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import sys
 import tempfile
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,9 +20,17 @@ from torch import nn
 from components.errors import TritonshipError
 from components.s3 import S3Settings, download_file, split_s3_uri
 
+IMAGE_ENV = "TRITONSHIP_IMAGE"  # set by every image the project builds (images/*.Dockerfile) to its own name
+
 
 class ExportError(TritonshipError):
     """The model could not be loaded, checked or exported."""
+
+
+def where_this_runs() -> str:
+    """The image this task runs in (its TRITONSHIP_IMAGE), else this Python environment: for error messages."""
+    image = os.environ.get(IMAGE_ENV)
+    return f"the image {image}" if image else f"this Python environment ({sys.prefix})"
 
 
 def load_model(source: str, checkpoint: str | None = None, s3: S3Settings | None = None) -> nn.Module:
@@ -42,20 +52,39 @@ def load_model(source: str, checkpoint: str | None = None, s3: S3Settings | None
 
 
 def _call_factory(source: str) -> nn.Module:
+    factory = load_callable(source, "model factory")
+    model = factory()
+    if not isinstance(model, nn.Module):
+        raise ExportError(f"{source} returned {type(model).__name__}, not a torch.nn.Module.")
+    return model
+
+
+def load_callable(source: str, what: str) -> Callable[..., Any]:
+    """The callable `package.module:name` names (the model factory, a training pipeline's trainer), imported here;
+    one sentence saying how to bring its package where it cannot be imported."""
     module_name, _, attr = source.partition(":")
     if "." not in sys.path and "" not in sys.path:
         sys.path.insert(0, ".")  # a factory in the caller's working tree, as `python -m` would find it
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ExportError(f"cannot import {module_name!r} for the model factory: {exc}.") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ExportError(f"{module_name} has no callable {attr!r}; the factory must return an nn.Module.")
-    model = factory()
-    if not isinstance(model, nn.Module):
-        raise ExportError(f"{source} returned {type(model).__name__}, not a torch.nn.Module.")
-    return model
+        raise ExportError(_not_importable(module_name, exc, what)) from None
+    found = getattr(module, attr, None)
+    if not callable(found):
+        hint = "the factory must return an nn.Module" if what == "model factory" else f"name the {what} function"
+        raise ExportError(f"{module_name} has no callable {attr!r}; {hint}.")
+    return found
+
+
+def _not_importable(module_name: str, exc: ImportError, what: str) -> str:
+    """Why the module is not here, and the ways to bring its package: in an image, the pipeline's."""
+    ways = (
+        "pass an image that has it as model_image (`tritonship images build --model-package PATH` builds one), "
+        "name it in model_packages (pip specifiers or wheel URIs, s3:// too), or export in your training image"
+        if os.environ.get(IMAGE_ENV)
+        else "install its package here or put it on PYTHONPATH (a pipeline run takes model_image or model_packages)"
+    )
+    return f"cannot import {module_name!r} for the {what} in {where_this_runs()} ({exc}); {ways}."
 
 
 def _load_saved_model(path: Path) -> nn.Module:

@@ -34,6 +34,7 @@ from components.settings import (
     PIPELINE_DIFFERENCES,
     RELAXED_STABILITY_PCT,
     SERVING_TORCH,
+    TOOLS_IMAGE,
     ExportMethod,
     GateSettings,
     LoadSettings,
@@ -53,6 +54,8 @@ from components.settings_model import (
 )
 
 COUNTS = "whole numbers of 1 or more, comma-separated (like 1,2,4)"
+# [registry[:port]/]path[:tag][@digest], as an image is named in a pod spec
+IMAGE = r"^([a-z0-9][a-z0-9.-]*(:\d+)?/)?[a-z0-9][a-z0-9._/-]*(:\w[\w.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
 
 
 @step_settings("export")
@@ -69,6 +72,23 @@ class ExportSettings(StepSettings):
         ExportMethod,
         setting("auto (torch.export, then TorchScript), export, script or trace", pipeline="export_method"),
     ] = DEFAULT_EXPORT_METHOD
+    # The two ways a pipeline run gets the user's package into the export task (docs/guide.md, "Your model's code").
+    model_image: Annotated[
+        str,
+        setting(
+            "the export task's image: one with the model's package (tritonship images build --model-package)",
+            cli=False,
+            expect="an image such as registry.example.com/ml/recs-model:1.0",
+            pattern=IMAGE,
+        ),
+    ] = TOOLS_IMAGE
+    model_packages: Annotated[
+        str,
+        setting(
+            "pip requirement specifiers or wheel URIs (a path, https:// or s3://), separated by spaces, installed "
+            "before the model is imported: for trials; an image with the package suits scheduled runs",
+        ),
+    ] = ""
 
 
 @step_settings("publish")

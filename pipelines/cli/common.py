@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from components import log
 from components.errors import TritonshipError
@@ -45,12 +46,12 @@ def friendly_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except TritonshipError as exc:
-            console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+            console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except OSError as exc:  # a path argument that is missing, a directory, or not ours to read or write
             where = f" {exc.filename}" if exc.filename else ""
             console.print(
-                f"[bold red]error:[/] cannot use{where}: {(exc.strerror or str(exc)).lower()}; check the path.",
+                f"[bold red]error:[/] cannot use{escape(where)}: {escape((exc.strerror or str(exc)).lower())}; check the path.",
                 highlight=False,
                 markup=True,
                 soft_wrap=True,

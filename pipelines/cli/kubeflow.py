@@ -16,6 +16,7 @@ from pipelines.cli.common import (
     out,
     out_console_line,
 )
+from pipelines.images import REGISTRY_ENV
 
 # ---------------------------------------------------------------------------------- pipeline / runs
 pipeline_app = typer.Typer(no_args_is_help=True, help="The KFP pipeline definition.")
@@ -28,19 +29,29 @@ ContainersOption = Annotated[
         help="run every task in the project's images (KFP's DockerRunner; bash scripts/setup.sh --containers builds them)",
     ),
 ]
+RegistryOption = Annotated[
+    str | None,
+    typer.Option(
+        "--registry",
+        envvar=REGISTRY_ENV,
+        # \[ keeps rich from reading [/path] as a closing tag
+        help="registry the pipeline's images are pulled from (host[:port]\\[/path]); default: images/versions.yaml's",
+    ),
+]
 
 
 @pipeline_app.command("compile")
 @friendly_errors
 def pipeline_compile(
     out_path: Annotated[Path | None, typer.Option("--out", help="default: pipelines/release_pipeline.yaml")] = None,
+    registry: RegistryOption = None,
 ) -> None:
     """Compile the release pipeline to KFP IR YAML."""
     from pipelines.kubeflow import COMPILED, compile_pipeline
 
     if out_path is not None and (out_path.is_dir() or out_path.suffix not in (".yaml", ".yml")):
         raise TritonshipError(f"--out {out_path} must name a .yaml file, not a folder or another kind of file.")
-    out_console_line(f"wrote {compile_pipeline(out_path or COMPILED)}")
+    out_console_line(f"wrote {compile_pipeline(out_path or COMPILED, registry)}")
 
 
 @app.command("run")
@@ -88,11 +99,12 @@ def submit_cmd(
     run_name: Annotated[str, typer.Option()] = "tritonship-release",
     experiment: Annotated[str, typer.Option()] = "tritonship",
     service_account: Annotated[str, typer.Option(help="from manifests/rbac/")] = "tritonship-pipeline",
+    registry: RegistryOption = None,
 ) -> None:
     """Create a run of the release pipeline on a Kubeflow Pipelines endpoint."""
     from pipelines.kubeflow import parse_parameters, submit
 
-    run_id = submit(host, parse_parameters(param or []), run_name, experiment, service_account)
+    run_id = submit(host, parse_parameters(param or []), run_name, experiment, service_account, registry)
     out_console_line(f"created run {run_id}")
 
 
@@ -105,11 +117,12 @@ def schedule_cmd(
     param: ParamOption = None,
     experiment: Annotated[str, typer.Option()] = "tritonship",
     service_account: Annotated[str, typer.Option(help="from manifests/rbac/")] = "tritonship-pipeline",
+    registry: RegistryOption = None,
 ) -> None:
     """Create a recurring run (scheduled retraining releases); at most one run at a time, no catch-up."""
     from pipelines.kubeflow import parse_parameters, schedule
 
-    job_id = schedule(host, parse_parameters(param or []), name, cron, experiment, service_account)
+    job_id = schedule(host, parse_parameters(param or []), name, cron, experiment, service_account, registry)
     out_console_line(f"created recurring run {job_id} ({cron})")
 
 
@@ -119,10 +132,13 @@ def schedule_cmd(
 def demo(
     workdir: Annotated[Path | None, typer.Option(help="keep the pipeline runs' outputs here")] = None,
     containers: ContainersOption = False,
+    param: ParamOption = None,
 ) -> None:
     """Five releases of the BERT4Rec recommender through the whole pipeline on the embedded stack."""
     from pipelines.demo import run_demo
+    from pipelines.kubeflow import parse_parameters
 
     if workdir is not None and workdir.exists() and not workdir.is_dir():
         raise TritonshipError(f"the work folder {workdir} is a file; give a folder (or a path that does not exist).")
-    sys.exit(run_demo(out, workdir, runner="docker" if containers else "subprocess"))
+    runner = "docker" if containers else "subprocess"
+    sys.exit(run_demo(out, workdir, runner=runner, overrides=parse_parameters(param or [])))

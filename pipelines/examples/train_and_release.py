@@ -1,66 +1,52 @@
-"""Example: a user's training pipeline that ends by releasing what it trained, through tritonship's release steps
-as a sub-pipeline. It trains the demo's BERT4Rec for real (synthetic sessions with structure, on the CPU) and the
-release is judged on held-out labelled sessions in S3 (`eval_data`) by the sample's quality spec as well as on
-speed. Runs on Kubeflow and under the local runner:
+"""Example: a user's training pipeline that ends by releasing what it trained. Training and export run in the
+user's image (`model_image`: the project's tools image plus their package, `tritonship images build
+--model-package`), where their code is; compile and every later step run in the project's images, on the
+self-contained export alone.
+
+By default it trains the demo's BERT4Rec for real (synthetic sessions with structure, on the CPU), judged on
+held-out labelled sessions in S3 (`eval_data`) by the sample's quality spec as well as on speed. For your own
+model, give `trainer` (`package.module:function`, called as `function(out_path, seed)`: it saves a state_dict for
+`model_source`, or a saved model with `model_source` empty, to out_path and returns its metrics), `model_source`,
+`signature` and `model_image`. Runs on Kubeflow (docs/guide.md has a recurring run of it) and under the local
+runner:
 
     .venv/bin/python -m pipelines.examples.train_and_release   # local, against the embedded stack
 """
 
 from kfp import dsl
-from kfp.dsl import Input, Model, Output
+from kfp.dsl import Metrics, Model, Output
 
-from pipelines.kfp_components import compile_op, settings_op, step
+from components.settings import TOOLS_IMAGE
+from pipelines.kfp_components import compile_op, export_trained_op, settings_op, step
 from pipelines.pipeline import release_steps, steps_settings
 from pipelines.samples.bert4rec import DYNAMIC_SIGNATURE_JSON, QUALITY_SPEC_TEXT
 
 
 @step("tools")
-def train_op(seed: int, steps: int, trained: Output[Model]):
-    """Train the sample recommender on synthetic sessions; save its state_dict with its hit rate@10."""
-    from pipelines.samples.bert4rec import training
+def train_op(trainer: str, seed: int, trained: Output[Model], metrics: Output[Metrics]):
+    """Run the user's trainer in their image; its metrics go to the run's metrics."""
+    from components.errors import refused_in_one_sentence
+    from components.model.model_source import load_callable
 
-    model = training.train(seed, steps)
-    training.save_checkpoint(model, trained.path)
-    trained.metadata["hit_rate_at_10"] = training.hit_rate_at_10(model, training.eval_set(1000, seed=7))
-
-
-@step("tools")
-def export_trained_op(
-    trained: Input[Model], model_factory: str, signature: str, settings: dict, exported: Output[Model]
-):
-    """Export a model artifact from a training pipeline: a state_dict for `model_factory`, or a saved model."""
-    import tempfile
-    from pathlib import Path
-
-    from components.model.export import export
-    from components.release.step_settings import ExportSettings
-
-    chosen = ExportSettings.from_flat(**settings)
-    source = Path(trained.path)
-    with tempfile.TemporaryDirectory() as tmp:
-        signature_path = Path(tmp) / "signature.yaml"
-        signature_path.write_text(signature)
-        model, checkpoint = (model_factory, str(source)) if model_factory else (str(source), None)
-        result = export(
-            model,
-            signature_path,
-            Path(exported.path),
-            checkpoint=checkpoint,
-            samples=chosen.golden_samples,
-            method=chosen.method,
-        )
-    exported.metadata.update({"method": result.method, "fallback_reason": result.fallback_reason or ""})
+    with refused_in_one_sentence():
+        train = load_callable(trainer, "trainer")
+    for name, value in (train(trained.path, seed) or {}).items():
+        metrics.log_metric(name, float(value))
 
 
-@dsl.pipeline(name="train-and-release", description="Train the recommender, then release it with tritonship.")
+@dsl.pipeline(name="train-and-release", description="Train a model in its own image, then release it with tritonship.")
 def train_and_release(
     repository: str,
     s3_endpoint: str,
     replicas: str,
     gate: str,
-    eval_data: str,
+    eval_data: str = "",
+    trainer: str = "pipelines.samples.bert4rec.training:train_to",
+    model_source: str = "pipelines.samples.bert4rec:demo_v1",
+    signature: str = DYNAMIC_SIGNATURE_JSON,
+    quality_spec: str = QUALITY_SPEC_TEXT,
+    model_image: str = TOOLS_IMAGE,
     model_name: str = "trained-bert4rec",
-    steps: int = 1500,  # training.DEFAULT_STEPS
     seed: int = 0,
     aws_secret_name: str = "tritonship-s3",
     admin_secret_name: str = "tritonship-triton-admin",
@@ -75,16 +61,17 @@ def train_and_release(
             "tune": False,
             "max_p99_ms": max_p99_ms,
             "eval_data": eval_data,
+            "model_image": model_image,
         },
-        quality_spec=QUALITY_SPEC_TEXT,
+        quality_spec=quality_spec,
     )
-    trained = train_op(seed=seed, steps=steps)
+    trained = train_op(trainer=trainer, seed=seed).set_container_image(model_image)
     exported = export_trained_op(
         trained=trained.outputs["trained"],
-        model_factory="pipelines.samples.bert4rec:demo_v1",
-        signature=DYNAMIC_SIGNATURE_JSON,
+        model_source=model_source,
+        signature=signature,
         settings=checked.outputs["export"],
-    )
+    ).set_container_image(model_image)
     compiled = compile_op(
         exported=exported.outputs["exported"], model_name=model_name, settings=checked.outputs["compile"]
     )

@@ -173,6 +173,14 @@ def save_checkpoint(model: BERT4Rec, path: Path | str, window: int = 1) -> None:
     torch.save(LongHistoryCost(model, window).state_dict(), path)
 
 
+def train_to(out_path: str, seed: int) -> dict[str, float]:
+    """A training pipeline's trainer (pipelines/examples/train_and_release.py): the demo's model trained with
+    `seed`, its checkpoint saved to `out_path`, its hit rate@10 on held-out sessions returned."""
+    model = train(seed)
+    save_checkpoint(model, out_path)
+    return {"hit_rate_at_10": hit_rate_at_10(model, eval_set(1000, seed=7))}
+
+
 def write_eval(data: dict[str, np.ndarray], path: Path | str) -> None:
     """An eval set as Parquet (item_ids and mask_pos as fixed-size list<int64> columns) or, for a .npz path, npz."""
     path = Path(path)
