@@ -1,23 +1,16 @@
-"""The project's images, built here (bash scripts/setup.sh --containers: images/versions.yaml `local`), and the
-release pipeline run by KFP's DockerRunner with every task in them, through podman's Docker API."""
+"""The project's images, built here (bash scripts/setup.sh --containers: images/versions.yaml `local`). The release
+pipeline run by KFP's DockerRunner with every task in them is tests/test_user_package.py's."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
-from components.serving.triton_admin import TritonAdmin
 from pipelines.container_runner import local_images
-from pipelines.demo import bert4rec_request, demo_parameters
 from pipelines.image_build import host_pip_mounts
 from pipelines.images import matrix
-from pipelines.local import LocalRunError, run_local
-from pipelines.samples import bert4rec
-from tests.release_helpers import unique
 
 pytestmark = pytest.mark.containers
 LOCAL = matrix()["local"]["images"]
@@ -79,33 +72,3 @@ def test_no_host_pip_configuration_or_certificate_stays_in_an_image(kind, tmp_pa
     assert ran.stdout != Path(bundle).read_text()
     for host_certificate in Path("/usr/local/share/ca-certificates").glob("*.crt"):
         assert host_certificate.read_text().strip() not in ran.stdout, host_certificate
-
-
-@pytest.mark.slow
-def test_a_release_runs_with_every_task_in_its_image_and_a_failed_task_fails_the_run(tmp_path, stack):
-    name = unique("boxed")
-    parameters = demo_parameters(stack, "pipelines.samples.bert4rec:bert4rec_v1", model_name=name) | {"tune_budget": 2}
-    run = run_local(parameters, tmp_path / "runs", env=stack.env(), runner="docker")
-    assert run.version == 1 and run.verdict["verdict"] == "pass" and run.promoted, run.verdict
-    # every task ran in a container, as the image's user: what each wrote is owned by uid 10001
-    owners = {p.parent.name: p.stat().st_uid for p in run.root.glob("*/executor_output.json")}
-    assert set(owners) >= {"export-op", "compile-op", "publish-op", "stage-op", "gate-op", "promote-op"}
-    assert set(owners.values()) == {10001}, owners
-    # the credentials reached the tasks as container environment: never in a task's output or log
-    secrets = [stack.s3.secret_access_key, stack.admin_key]
-    outputs = [run.log] + [p.read_text(errors="replace") for p in run.root.rglob("*") if p.is_file()]
-    assert all(secret and not any(secret in text for text in outputs) for secret in secrets)
-
-    request = bert4rec_request()
-    with torch.no_grad():
-        eager = bert4rec.bert4rec_v1()(*(torch.from_numpy(request[k]) for k in ("item_ids", "mask_pos")))
-    for replica in stack.replicas:
-        version, served = TritonAdmin(replica.http_url).served(name, request, ["topk_indices", "topk_scores"])
-        assert version == 1
-        np.testing.assert_array_equal(served["topk_indices"], eager[0].numpy())
-        np.testing.assert_allclose(served["topk_scores"], eager[1].numpy(), rtol=1e-4, atol=1e-4)
-
-    broken = parameters | {"model_source": "pipelines.samples.bert4rec:no_such_model"}
-    with pytest.raises(LocalRunError, match="export-op"):
-        run_local(broken, tmp_path / "runs", env=stack.env(), runner="docker")
-    assert [TritonAdmin(s.http_url).served_version(name, request, ["topk_indices"]) for s in stack.replicas] == [1, 1]

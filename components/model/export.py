@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import shutil
 import tempfile
 import warnings
@@ -40,7 +41,7 @@ from torch import nn
 from components import log
 from components.model import trace_retarget
 from components.model.model_folder import load_checks, load_golden, save_checks, save_golden
-from components.model.model_source import ExportError, first_line, load_model, where_this_runs
+from components.model.model_source import IMAGE_ENV, ExportError, first_line, load_model, where_this_runs
 from components.model.signature import POINTS, Signature, SignatureError, check_tensor, dtype_name
 from components.s3 import S3Settings
 from components.settings import DEFAULT_EXPORT_METHOD, DEFAULT_GOLDEN_SAMPLES
@@ -290,6 +291,7 @@ def export(
         save_checks(staging / CHECKS_FILE, checks)
         result = ExportResult(out_dir, used, artifact, reason, len(next(iter(inputs.values()))))
         info = {**asdict(result), "out_dir": str(out_dir), "source": model_source, "torch": torch.__version__}
+        info["image"] = os.environ.get(IMAGE_ENV)  # where the model's code was: compile's build.json says its own
         info["checkpoint"] = checkpoint
         info["torchscript"] = TORCHSCRIPT_FILE if (staging / TORCHSCRIPT_FILE).is_file() else None
         (staging / EXPORT_INFO_FILE).write_text(json.dumps(info, indent=2))
