@@ -64,9 +64,10 @@ DEFAULT_TARGET: Target = "torchscript"
 # The torch of the serving image (images/versions.yaml's `serving_torch`; tests/test_images.py compares them):
 # publish refuses a torch_aoti package compiled with another.
 SERVING_TORCH = "2.14.0"
-# The image the pipeline's export task runs in unless its model_image names one with the user's package: the
-# project's tools image (images/versions.yaml's `images.tools`; tests/test_images.py compares them).
+# The images the pipeline's export and compile tasks run in unless model_image and compile_image name ones with the
+# user's package: the project's (images/versions.yaml's `images`; tests/test_images.py compares them).
 TOOLS_IMAGE = "ghcr.io/tritonship/tools:0.1.0"
+COMPILE_IMAGE = "ghcr.io/tritonship/compile:0.1.0-26.10"
 DEFAULT_PRECISION: Precision = "fp32"
 DEFAULT_COMPILE_DEVICE = "cpu"
 PIPELINE_TARGET: Target = "tensorrt"

@@ -243,12 +243,13 @@ def build_all(
 
 
 # ------------------------------------------------------------------------------ the user's model image
+MODEL_IMAGE_BASES = ("tools", "compile")  # the export task's image (model_image), the compile task's (compile_image)
 SOURCE_LEFT_OUT = (".git", ".venv", "__pycache__", "*.egg-info", "build", "dist", ".stack", ".tools")
 
 
-def model_package_tag(package: Path, registry: str | None = None) -> str:
-    """The default name of a model package's image: its distribution name and version, in `registry` (else
-    localhost), from a wheel's file name or a source folder's pyproject.toml."""
+def model_package_tag(package: Path, registry: str | None = None, on: str = "tools") -> str:
+    """The default name of a model package's image: its distribution name (with -compile on the compile image) and
+    version, in `registry` (else localhost), from a wheel's file name or a source folder's pyproject.toml."""
     if package.is_file() and package.suffix == ".whl":
         name, version = package.name.split("-")[:2]
     elif (package / "pyproject.toml").is_file():
@@ -262,7 +263,8 @@ def model_package_tag(package: Path, registry: str | None = None) -> str:
         raise ImageBuildError(
             f"--model-package {package} is neither a wheel (.whl) nor a folder with a pyproject.toml; give one of them."
         )
-    return f"{(registry or 'localhost').rstrip('/')}/{re.sub(r'[^a-z0-9.]+', '-', name.lower())}:{version}"
+    repository = re.sub(r"[^a-z0-9.]+", "-", name.lower()) + ("-compile" if on == "compile" else "")
+    return f"{(registry or 'localhost').rstrip('/')}/{repository}:{version}"
 
 
 def build_model_image(
@@ -272,14 +274,18 @@ def build_model_image(
     registry: str | None = None,
     tag: str | None = None,
     log: Callable[[str], None] = print,
+    on: str = "tools",
 ) -> tuple[str, dict[str, float]]:
-    """The tools image (the local build's, where `local`) with the user's model package installed: a source folder
-    or a wheel. Its tag and its build seconds and size in MB."""
+    """The tools image, or the compile image (`on`), with the user's model package installed: a source folder or a
+    wheel. Where `local`, on the local tools image, in which the local runs compile too. Its tag and its build
+    seconds and size in MB."""
+    if on not in MODEL_IMAGE_BASES:
+        raise ImageBuildError(f"--on {on} is not one of {', '.join(MODEL_IMAGE_BASES)}; give one of them.")
     package = package.resolve()
     if not package.exists():
         raise ImageBuildError(f"--model-package {package} does not exist; give a source folder or a wheel.")
-    tag = tag or model_package_tag(package, registry)
-    tools = next(b for b in plan(local, registry) if b.kind == "tools").tag
+    tag = tag or model_package_tag(package, registry, on)
+    tools = next(b for b in plan(local, registry) if b.kind == ("tools" if local else on)).tag
     engine_name = engine()
     if local and not image_exists(engine_name, tools):
         raise ImageBuildError(f"the tools image {tools} is not here; build it first (bash scripts/images.sh --local).")

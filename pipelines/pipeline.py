@@ -197,11 +197,13 @@ def _compile_task(
     exported: dsl.PipelineTask,
     model_name: str,
     settings: Any,  # settings_op's compile output
+    image: Any,  # the compile_image parameter
     gpu_count: int,
     gpu_node_selector: dict,
     gpu_tolerations: list,
 ) -> dsl.PipelineTask:
     task = compile_op(exported=exported.outputs["exported"], model_name=model_name, settings=settings)
+    task.set_container_image(image)
     task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(gpu_count)
     kubernetes.add_node_selector_json(task, gpu_node_selector)
     kubernetes.add_toleration_json(task, gpu_tolerations)
@@ -253,7 +255,13 @@ def _release_pipeline(
         aws_secret_name,
     ).set_container_image(steps["model_image"])  # the one task that imports the user's code
     compiled = _compile_task(
-        exported, model_name, checked.outputs["compile"], gpu_count, gpu_node_selector, gpu_tolerations
+        exported,
+        model_name,
+        checked.outputs["compile"],
+        steps["compile_image"],
+        gpu_count,
+        gpu_node_selector,
+        gpu_tolerations,
     )
     release_steps(
         compiled=compiled.outputs["compiled"],

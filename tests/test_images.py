@@ -40,10 +40,11 @@ def test_the_compile_and_triton_images_come_from_one_ngc_release():
 
 
 def test_the_settings_name_the_matrix_torch_and_tools_image():
-    from components.settings import SERVING_TORCH, TOOLS_IMAGE
+    from components.settings import COMPILE_IMAGE, SERVING_TORCH, TOOLS_IMAGE
 
     assert matrix()["serving_torch"] == SERVING_TORCH  # publish checks packages against it
     assert matrix()["images"]["tools"] == TOOLS_IMAGE  # model_image's default
+    assert matrix()["images"]["compile"] == COMPILE_IMAGE  # compile_image's
 
 
 def test_a_mismatched_release_is_caught():

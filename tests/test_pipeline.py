@@ -35,13 +35,15 @@ def test_compiled_yaml_has_the_kubernetes_settings_and_pinned_images_and_no_secr
     spec, platform = docs[0], docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     executors = spec["deploymentSpec"]["executors"]
     images = {n: e["container"]["image"] for n, e in executors.items()}
-    # the export task runs in the model_image parameter (the user's package), whose default is the tools image
-    assert images.pop("exec-export-op") == "{{$.inputs.parameters['pipelinechannel--model_image']}}"
-    assert spec["root"]["inputDefinitions"]["parameters"]["model_image"]["defaultValue"] == matrix()["images"]["tools"]
-    assert set(images.values()) == set(matrix()["images"].values())
+    # export and compile run in the model_image and compile_image parameters (the user's package, where it is
+    # needed), whose defaults are the project's images
+    defaults = spec["root"]["inputDefinitions"]["parameters"]
+    for task, parameter, kind in (("export", "model_image", "tools"), ("compile", "compile_image", "compile")):
+        assert images.pop(f"exec-{task}-op") == f"{{{{$.inputs.parameters['pipelinechannel--{parameter}']}}}}"
+        assert defaults[parameter]["defaultValue"] == matrix()["images"][kind]
+    assert set(images.values()) == {matrix()["images"][k] for k in ("tools", "gate")}
     assert all(re.search(r":[\w.-]+$", i) and not i.endswith(":latest") for i in images.values())
     compile_exec = executors["exec-compile-op"]["container"]
-    assert compile_exec["image"] == matrix()["images"]["compile"]
     assert compile_exec["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
     compile_k8s = platform["exec-compile-op"]
     assert compile_k8s["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"] == "gpu_node_selector"
@@ -62,7 +64,6 @@ def test_compiled_yaml_has_the_kubernetes_settings_and_pinned_images_and_no_secr
         admin = [e for e in platform[name]["secretAsEnv"] if "admin_secret_name" in str(e)]
         wanted = [] if name in ("exec-export-op", "exec-publish-op") else [{"envVar": "TRITONSHIP_ADMIN_KEY"}]
         assert [{"envVar": k["envVar"]} for e in admin for k in e["keyToEnv"]] == wanted, name
-    defaults = spec["root"]["inputDefinitions"]["parameters"]
     assert defaults["gpu_node_selector"]["defaultValue"] == {"nvidia.com/gpu.present": "true"}
     assert not re.search(r"AKIA[0-9A-Z]{12}", text)
 

@@ -41,7 +41,7 @@ from torch import nn
 from components import log
 from components.model import trace_retarget
 from components.model.model_folder import load_checks, load_golden, save_checks, save_golden
-from components.model.model_source import IMAGE_ENV, ExportError, first_line, load_model, where_this_runs
+from components.model.model_source import IMAGE_ENV, ExportError, first_line, load_model, load_saved
 from components.model.signature import POINTS, Signature, SignatureError, check_tensor, dtype_name
 from components.s3 import S3Settings
 from components.settings import DEFAULT_EXPORT_METHOD, DEFAULT_GOLDEN_SAMPLES
@@ -326,16 +326,22 @@ class ExportedModel:
     def artifact(self) -> Path:
         return self.path / self.info["artifact"]
 
+    @property
+    def source(self) -> str | None:
+        """The model as export was given it (a factory registers its package's operators where it is here)."""
+        return self.info.get("source")
+
     def module(self, device: str = "cpu", prefer_torchscript: bool = False) -> nn.Module:
         """The exported model on `device`; with `prefer_torchscript`, the eager module's trace if export made one."""
         traced = self.path / (self.info.get("torchscript") or "")
         if prefer_torchscript and traced.is_file():
-            module = torch.jit.load(str(traced), map_location=device).eval()
+            module = load_saved(traced, lambda: torch.jit.load(str(traced), map_location=device), self.source)
+            module = module.eval()
             if torch.device(device).type != "cpu":
                 trace_retarget.point_at_device(module, device)
             return module
         if self.artifact.name == EXPORTED_PROGRAM_FILE:
-            program = self._program()
+            program = load_saved(self.artifact, lambda: torch.export.load(str(self.artifact)), self.source)
             if device != "cpu":
                 # Moving the module alone leaves devices that export baked into ops (e.g. .to(dtype)) on the CPU.
                 from torch.export.passes import move_to_device_pass
@@ -346,19 +352,8 @@ class ExportedModel:
                     place = torch.device("cuda", torch.cuda.current_device())
                 program = move_to_device_pass(program, place)
             return program.module()
-        return torch.jit.load(str(self.artifact), map_location=device).eval()
-
-    def _program(self) -> torch.export.ExportedProgram:
-        """The saved program, which needs none of the model's code unless it calls an operator the model's package
-        registers: then one sentence says so."""
-        try:
-            return torch.export.load(str(self.artifact))
-        except Exception as exc:  # torch raises many types for an operator or class it cannot find
-            raise ExportError(
-                f"{self.artifact} cannot be loaded without code of the model's package in {where_this_runs()} "
-                f"({first_line(exc)}): it calls an operator or class that package registers; run this step in an "
-                "image with the package, or export without the custom operator."
-            ) from None
+        load = lambda: torch.jit.load(str(self.artifact), map_location=device)  # noqa: E731
+        return load_saved(self.artifact, load, self.source).eval()
 
 
 def read_export(path: Path) -> ExportedModel:

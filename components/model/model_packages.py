@@ -10,7 +10,9 @@ image's own environment, owned by root, stays as it was."""
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import shutil
 import site
 import subprocess
 import sys
@@ -31,6 +33,7 @@ def install_model_packages(packages: str, s3: S3Settings | None = None) -> Path 
     if not wanted:
         return None
     prefix = Path(tempfile.mkdtemp(prefix="tritonship-packages-"))
+    atexit.register(shutil.rmtree, prefix, ignore_errors=True)
     requirements = [_local_wheel(spec, prefix / "wheels", s3) if spec.startswith("s3://") else spec for spec in wanted]
     command = [sys.executable, "-m", "pip", "install", "--prefix", str(prefix), "--no-warn-script-location"]
     log.event(LOG, "installing model packages", packages=" ".join(wanted), into=prefix)

@@ -5,6 +5,7 @@ sentence saying what to fix; a checkpoint is loaded as data only (`weights_only=
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import re
 import sys
@@ -12,7 +13,7 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -20,6 +21,7 @@ from torch import nn
 from components.errors import TritonshipError
 from components.s3 import S3Settings, download_file, split_s3_uri
 
+T = TypeVar("T")
 IMAGE_ENV = "TRITONSHIP_IMAGE"  # set by every image the project builds (images/*.Dockerfile) to its own name
 
 
@@ -74,6 +76,44 @@ def load_callable(source: str, what: str) -> Callable[..., Any]:
         hint = "the factory must return an nn.Module" if what == "model factory" else f"name the {what} function"
         raise ExportError(f"{module_name} has no callable {attr!r}; {hint}.")
     return found
+
+
+def load_saved(path: Path, load: Callable[[], T], source: str | None = None) -> T:
+    """`load()` of a saved program or TorchScript file, which needs none of the model's code unless it calls an
+    operator the model's package registers. Then the module of the export's `source` factory registers it where
+    it can be imported, and otherwise one sentence names the operator. torch's own log of it is kept for the
+    sentence, not printed."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("torch.export")
+    handlers, propagate = logger.handlers, logger.propagate
+    logger.handlers, logger.propagate = [handler], False
+    try:
+        return load()
+    except Exception as exc:  # torch raises many types for an operator or class it cannot find
+        said = " ".join([str(exc), *(f"{r.getMessage()} {r.exc_info[1] if r.exc_info else ''}" for r in records)])
+        operator = re.search(r"resolve torch\.ops\.(\w+)\.(\w+)|Unknown builtin op: (\w+)::(\w+)", said)
+        if operator is None:
+            raise ExportError(f"{path} could not be loaded: {first_line(exc)}.") from None
+        name = "::".join(g for g in operator.groups() if g)
+        if source and ":" in source and _imported(source.partition(":")[0]):
+            return load_saved(path, load)
+        raise ExportError(
+            f"{path} calls the operator {name}, which the model's package registers and {where_this_runs()} does "
+            "not have; compile where the package is installed (in a pipeline, compile_image: `tritonship images "
+            "build --model-package PATH --on compile` builds one), or export the model without its own operators."
+        ) from None
+    finally:
+        logger.handlers, logger.propagate = handlers, propagate
+
+
+def _imported(module_name: str) -> bool:
+    try:
+        importlib.import_module(module_name)
+    except ImportError:
+        return False
+    return True
 
 
 def _not_importable(module_name: str, exc: ImportError, what: str) -> str:

@@ -16,6 +16,7 @@ from components.release.canary_settings import CanarySettings
 from components.release.quality_spec import QualitySettings
 from components.repository.maintenance_settings import LeaseReleaseSettings, RepoGcSettings
 from components.settings import (
+    COMPILE_IMAGE,
     DEFAULT_COMPILE_DEVICE,
     DEFAULT_CONCURRENCY,
     DEFAULT_EXPORT_METHOD,
@@ -136,6 +137,16 @@ class CompileSettings(StepSettings):
     workspace_gb: Annotated[float, setting("TensorRT's workspace, GiB", pipeline="tensorrt_workspace_gb", gt=0)] = (
         DEFAULT_TENSORRT_WORKSPACE_GB
     )
+    compile_image: Annotated[
+        str,
+        setting(
+            "the compile task's image; one with the model's package only where the model calls operators the package "
+            "registers (tritonship images build --model-package PATH --on compile)",
+            cli=False,
+            expect="an image such as registry.example.com/ml/recs-compile:1.0",
+            pattern=IMAGE,
+        ),
+    ] = COMPILE_IMAGE
     atol: Annotated[float | None, _tolerance("absolute tolerance of the parity check")] = None
     rtol: Annotated[float | None, _tolerance("relative tolerance of the parity check")] = None
     int_mismatch: Annotated[float | None, _tolerance("share of integer output elements that may differ")] = None

@@ -35,7 +35,11 @@ def export_cmd(
 ) -> None:
     """Load a model, check it against its signature, export it with golden samples (or the --golden ones)."""
     from components.model.export import export
+    from components.model.model_packages import install_model_packages
 
+    if chosen.model_packages.strip():
+        with console.status(f"installing {chosen.model_packages}"):
+            install_model_packages(chosen.model_packages)
     result = export(
         model, signature, out, checkpoint=checkpoint, golden=golden, samples=chosen.golden_samples, method=chosen.method
     )

@@ -40,6 +40,13 @@ def build_cmd(
     tag: Annotated[
         str | None, typer.Option(help="the model image's name (default: <registry>/<package>:<version>)")
     ] = None,
+    on: Annotated[
+        str,
+        typer.Option(
+            help="the model image's base: tools (for model_image) or compile (for compile_image, needed only where "
+            "the model calls operators its package registers)"
+        ),
+    ] = "tools",
     json_out: Annotated[
         Path | None, typer.Option("--json", help="write each image's build seconds and MB here")
     ] = None,
@@ -50,8 +57,8 @@ def build_cmd(
 
     if json_out is not None and (json_out.is_dir() or not json_out.parent.is_dir()):
         raise TritonshipError(f"--json {json_out} must name a file in an existing folder.")
-    if tag is not None and model_package is None:
-        raise TritonshipError("--tag names a model image; give --model-package too.")
+    if (tag is not None or on != "tools") and model_package is None:
+        raise TritonshipError("--tag and --on are for a model image; give --model-package too.")
     with console.status("building images") as status:
 
         def log(line: str) -> None:
@@ -61,9 +68,9 @@ def build_cmd(
         if model_package is None:
             report = build_all(local, push, log=log, registry=registry)
         else:
-            built, figures = build_model_image(model_package, local, push, registry, tag, log=log)
+            built, figures = build_model_image(model_package, local, push, registry, tag, log=log, on=on)
             report = {built: figures}
             out_console_line(built)
-            console.print(f"release with it: -p model_image={built}", highlight=False)
+            console.print(f"release with it: -p {on.replace('tools', 'model')}_image={built}", highlight=False)
     if json_out:
         json_out.write_text(json.dumps(report, indent=2) + "\n")
