@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import json
 import os
@@ -18,21 +19,34 @@ import yaml
 from components.errors import TritonshipError
 
 COMPILED = Path(__file__).resolve().parent / "release_pipeline.yaml"
+RELEASE_PIPELINE = "pipelines.pipeline:release_pipeline"
 DEFAULT_SERVICE_ACCOUNT = "tritonship-pipeline"  # manifests/rbac/
 # Seconds to connect to the KFP API, then to hear its health endpoint answer: how long a silent host is waited for.
 PROBE_TIMEOUT = (10.0, 30.0)
 ENDPOINT_HINT = "(for example https://host/pipeline, or http://localhost:8888 through a port-forward)"
 
 
-def compile_pipeline(path: Path = COMPILED, registry: str | None = None) -> Path:
-    """Compile the release pipeline to `path`; with `registry` (host[:port][/path]) its images are named there."""
+def load_pipeline(source: str = RELEASE_PIPELINE) -> Any:
+    """The @dsl.pipeline `package.module:function` names: tritonship's release pipeline, or one of the user's, such
+    as a training pipeline that ends in the release (pipelines/examples/train_and_release.py)."""
+    module_name, _, name = source.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), name, None)
+    except ImportError as exc:
+        raise TritonshipError(f"--pipeline {source}: cannot import {module_name!r} ({exc}); check the name.") from None
+    if not hasattr(found, "pipeline_func"):
+        raise TritonshipError(f"--pipeline {source} is not a @dsl.pipeline; give package.module:function of one.")
+    return found
+
+
+def compile_pipeline(path: Path = COMPILED, registry: str | None = None, pipeline: str = RELEASE_PIPELINE) -> Path:
+    """Compile the pipeline to `path`; with `registry` (host[:port][/path]) its images are named there."""
     from kfp import compiler
 
     from pipelines.images import in_registry, matrix
-    from pipelines.pipeline import release_pipeline
 
     renamed = {name: in_registry(name, registry) for name in matrix()["images"].values()}  # a bad registry: no file
-    compiler.Compiler().compile(release_pipeline, str(path))
+    compiler.Compiler().compile(load_pipeline(pipeline), str(path))
     renamed = {old: new for old, new in renamed.items() if new != old}
     if renamed:
         # Text, not YAML, so that KFP's layout and header comment stay; an image's name is matched whole, also where a
@@ -42,33 +56,33 @@ def compile_pipeline(path: Path = COMPILED, registry: str | None = None) -> Path
     return path
 
 
-def parameter_types() -> dict[str, Any]:
-    from pipelines.pipeline import release_pipeline
+def parameter_types(pipeline: str = RELEASE_PIPELINE) -> dict[str, type]:
+    """Each parameter's type: its default's, or its annotation where it has none."""
+    found = inspect.signature(load_pipeline(pipeline).pipeline_func, eval_str=True).parameters
+    return {n: p.annotation if p.default is inspect.Parameter.empty else type(p.default) for n, p in found.items()}
 
-    return {n: p.default for n, p in inspect.signature(release_pipeline.pipeline_func).parameters.items()}
 
-
-def parse_parameters(pairs: list[str]) -> dict[str, Any]:
+def parse_parameters(pairs: list[str], pipeline: str = RELEASE_PIPELINE) -> dict[str, Any]:
     """`name=value` pairs typed like the pipeline's parameters (values are YAML: 4, 1.5, {a: b}, [..])."""
-    defaults = parameter_types()
+    kinds = parameter_types(pipeline)
     out: dict[str, Any] = {}
     for pair in pairs:
         name, sep, text = pair.partition("=")
         if not sep:
             raise TritonshipError(f"parameter {pair!r} is not name=value.")
-        if name not in defaults:
-            raise TritonshipError(f"the pipeline has no parameter {name!r}; it has: {', '.join(defaults)}.")
-        default = defaults[name]
+        if name not in kinds:
+            raise TritonshipError(f"the pipeline has no parameter {name!r}; it has: {', '.join(kinds)}.")
+        kind = kinds[name]
         value: Any = text
-        if not isinstance(default, str):
+        if kind is not str:
             try:
                 value = yaml.safe_load(text)
             except yaml.YAMLError:
                 raise TritonshipError(f"parameter {name}: {text!r} is not a valid value.") from None
-            if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
-            if type(value) is not type(default):
-                raise TritonshipError(f"parameter {name} takes a {type(default).__name__}, not {text!r}.")
+            if type(value) is not kind:
+                raise TritonshipError(f"parameter {name} takes a {kind.__name__}, not {text!r}.")
         out[name] = value
     return out
 
@@ -90,9 +104,10 @@ def submit(
     experiment: str,
     service_account: str,
     registry: str | None = None,
+    pipeline: str = RELEASE_PIPELINE,
 ) -> str:
     with tempfile.TemporaryDirectory(prefix="tritonship-kfp-") as tmp:
-        package = compile_pipeline(Path(tmp) / "release_pipeline.yaml", registry)
+        package = compile_pipeline(Path(tmp) / "pipeline.yaml", registry, pipeline)
         with kfp_client(host) as client:
             result = client.create_run_from_pipeline_package(
                 str(package),
@@ -112,10 +127,11 @@ def schedule(
     experiment: str,
     service_account: str,
     registry: str | None = None,
+    pipeline: str = RELEASE_PIPELINE,
 ) -> str:
     validate_cron(cron)
     with tempfile.TemporaryDirectory(prefix="tritonship-kfp-") as tmp:
-        package = compile_pipeline(Path(tmp) / "release_pipeline.yaml", registry)
+        package = compile_pipeline(Path(tmp) / "pipeline.yaml", registry, pipeline)
         with kfp_client(host) as client:
             experiment_id = client.create_experiment(experiment).experiment_id
             job = client.create_recurring_run(

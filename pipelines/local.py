@@ -33,9 +33,13 @@ def expected_warnings_silenced() -> Iterator[None]:
 
 
 class LocalRunError(TritonshipError):
-    """The pipeline failed under the local runner."""
+    """The pipeline failed under the local runner; `log` is what its tasks printed (quiet runs capture it)."""
 
     exit_code = 1
+
+    def __init__(self, message: str, log: str = "") -> None:
+        super().__init__(message)
+        self.log = log
 
 
 @dataclass
@@ -169,7 +173,7 @@ def _run(
         said = _ANSI.sub("", str(exc).splitlines()[0])
         cause = task_error(log.getvalue())
         raise LocalRunError(
-            f"the pipeline failed under the local runner: {said}{f' {cause}' if cause else ''}"
+            f"the pipeline failed under the local runner: {said}{f' {cause}' if cause else ''}", log.getvalue()
         ) from None
     finally:
         kfp_logger.setLevel(previous_level)

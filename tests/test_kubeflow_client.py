@@ -198,3 +198,25 @@ def test_without_a_registry_the_yaml_is_the_plain_compile(tmp_path):
     for registry in (None, ""):
         ours = compile_pipeline(tmp_path / "ours.yaml", registry)
         assert list(yaml.safe_load_all(ours.read_text())) == plain
+
+
+def test_a_training_pipeline_compiles_and_takes_its_own_parameters(tmp_path):
+    """--pipeline: the training example, whose train and export tasks run in model_image, for a scheduled run."""
+    from pipelines.kubeflow import parse_parameters
+
+    example = "pipelines.examples.train_and_release:train_and_release"
+    out = tmp_path / "train.yaml"
+    result = CliRunner().invoke(
+        app,
+        ["pipeline", "compile", "--pipeline", example, "--out", str(out), "--registry", "r.example/ml"],
+        env=CLEAN_ENV,
+    )
+    assert result.exit_code == 0, result.output
+    images = executor_images(out)
+    assert images["exec-train-op"] == images["exec-export-trained-op"] == "r.example/ml/tools:0.1.0"  # model_image's
+    assert images["exec-compile-op"] == "r.example/ml/compile:0.1.0-26.10"
+    given = parse_parameters(["trainer=mypkg.train:train", "seed=3", "repository=s3://m/p"], example)
+    assert given == {"trainer": "mypkg.train:train", "seed": 3, "repository": "s3://m/p"}
+    assert "cannot import 'no.such'" in invoke("pipeline", "compile", "--pipeline", "no.such:pipeline")
+    said = invoke("pipeline", "compile", "--pipeline", "pipelines.kubeflow:compile_pipeline")
+    assert "is not a @dsl.pipeline" in said

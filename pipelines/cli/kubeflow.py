@@ -17,6 +17,7 @@ from pipelines.cli.common import (
     out_console_line,
 )
 from pipelines.images import REGISTRY_ENV
+from pipelines.kubeflow import RELEASE_PIPELINE
 
 # ---------------------------------------------------------------------------------- pipeline / runs
 pipeline_app = typer.Typer(no_args_is_help=True, help="The KFP pipeline definition.")
@@ -38,20 +39,33 @@ RegistryOption = Annotated[
         help="registry the pipeline's images are pulled from (host[:port]\\[/path]); default: images/versions.yaml's",
     ),
 ]
+PipelineOption = Annotated[
+    str,
+    typer.Option(
+        "--pipeline",
+        help="the pipeline, package.module:function of a @dsl.pipeline, such as a training pipeline that ends in the "
+        "release (pipelines.examples.train_and_release:train_and_release)",
+    ),
+]
 
 
 @pipeline_app.command("compile")
 @friendly_errors
 def pipeline_compile(
-    out_path: Annotated[Path | None, typer.Option("--out", help="default: pipelines/release_pipeline.yaml")] = None,
+    out_path: Annotated[
+        Path | None,
+        typer.Option("--out", help="default: pipelines/release_pipeline.yaml, or <function>.yaml for another pipeline"),
+    ] = None,
     registry: RegistryOption = None,
+    pipeline: PipelineOption = RELEASE_PIPELINE,
 ) -> None:
-    """Compile the release pipeline to KFP IR YAML."""
+    """Compile the release pipeline (or --pipeline) to KFP IR YAML."""
     from pipelines.kubeflow import COMPILED, compile_pipeline
 
     if out_path is not None and (out_path.is_dir() or out_path.suffix not in (".yaml", ".yml")):
         raise TritonshipError(f"--out {out_path} must name a .yaml file, not a folder or another kind of file.")
-    out_console_line(f"wrote {compile_pipeline(out_path or COMPILED, registry)}")
+    default = COMPILED if pipeline == RELEASE_PIPELINE else Path(f"{pipeline.rpartition(':')[2]}.yaml")
+    out_console_line(f"wrote {compile_pipeline(out_path or default, registry, pipeline)}")
 
 
 @app.command("run")
@@ -100,11 +114,13 @@ def submit_cmd(
     experiment: Annotated[str, typer.Option()] = "tritonship",
     service_account: Annotated[str, typer.Option(help="from manifests/rbac/")] = "tritonship-pipeline",
     registry: RegistryOption = None,
+    pipeline: PipelineOption = RELEASE_PIPELINE,
 ) -> None:
-    """Create a run of the release pipeline on a Kubeflow Pipelines endpoint."""
+    """Create a run of the release pipeline (or --pipeline) on a Kubeflow Pipelines endpoint."""
     from pipelines.kubeflow import parse_parameters, submit
 
-    run_id = submit(host, parse_parameters(param or []), run_name, experiment, service_account, registry)
+    parameters = parse_parameters(param or [], pipeline)
+    run_id = submit(host, parameters, run_name, experiment, service_account, registry, pipeline)
     out_console_line(f"created run {run_id}")
 
 
@@ -118,11 +134,14 @@ def schedule_cmd(
     experiment: Annotated[str, typer.Option()] = "tritonship",
     service_account: Annotated[str, typer.Option(help="from manifests/rbac/")] = "tritonship-pipeline",
     registry: RegistryOption = None,
+    pipeline: PipelineOption = RELEASE_PIPELINE,
 ) -> None:
-    """Create a recurring run (scheduled retraining releases); at most one run at a time, no catch-up."""
+    """Create a recurring run of the release pipeline (or --pipeline, a training pipeline that releases what it
+    trains); at most one run at a time, no catch-up."""
     from pipelines.kubeflow import parse_parameters, schedule
 
-    job_id = schedule(host, parse_parameters(param or []), name, cron, experiment, service_account, registry)
+    parameters = parse_parameters(param or [], pipeline)
+    job_id = schedule(host, parameters, name, cron, experiment, service_account, registry, pipeline)
     out_console_line(f"created recurring run {job_id} ({cron})")
 
 
