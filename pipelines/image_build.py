@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components.errors import TritonshipError
-from pipelines.images import MATRIX, in_registry, matrix
+from pipelines.images import MATRIX, REGISTRY_ENV, in_registry, matrix
 
 ROOT = MATRIX.parents[1]
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -285,6 +285,10 @@ def build_model_image(
     if not package.exists():
         raise ImageBuildError(f"--model-package {package} does not exist; give a source folder or a wheel.")
     tag = tag or model_package_tag(package, registry, on)
+    if push and tag.startswith("localhost/"):
+        raise ImageBuildError(
+            f"--push of {tag} needs a registry to push to; give --registry (or {REGISTRY_ENV}) or --tag."
+        )
     tools = next(b for b in plan(local, registry) if b.kind == ("tools" if local else on)).tag
     engine_name = engine()
     if local and not image_exists(engine_name, tools):

@@ -142,3 +142,29 @@ def test_a_podman_build_gets_the_hosts_pip_configuration_as_read_only_mounts(tmp
         "cert": str(bundle),
         "extra-index-url": f"file://{wheels} https://pypi.example/simple",
     }
+
+
+def test_a_model_image_is_named_after_its_package_and_refuses_what_it_cannot_build(tmp_path):
+    from pipelines.image_build import ImageBuildError, build_model_image, model_package_tag
+
+    folder = ROOT / "tests" / "fixtures" / "acme_ranker"  # pyproject.toml: acme-ranker 0.3.0
+    assert model_package_tag(folder) == "localhost/acme-ranker:0.3.0"
+    assert model_package_tag(folder, "registry.example.com/ml", on="compile") == (
+        "registry.example.com/ml/acme-ranker-compile:0.3.0"
+    )
+    wheel = tmp_path / "Acme_Ranker-1.2.post1-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    assert model_package_tag(wheel, "r.example:5000") == "r.example:5000/acme-ranker:1.2.post1"
+    (tmp_path / "no-version").mkdir()
+    (tmp_path / "no-version" / "pyproject.toml").write_text('[project]\nname = "x"\ndynamic = ["version"]\n')
+    for package, says in [
+        (tmp_path / "no-version", "names no [project] name and version; give the image's name with --tag"),
+        (tmp_path / "missing", "does not exist; give a source folder or a wheel"),
+        (ROOT / "README.md", "is neither a wheel (.whl) nor a folder with a pyproject.toml"),
+    ]:
+        with pytest.raises(ImageBuildError, match=re.escape(says)):
+            build_model_image(package, local=True)
+    with pytest.raises(ImageBuildError, match=r"--push of localhost/acme-ranker:0\.3\.0 needs a registry"):
+        build_model_image(folder, local=True, push=True)
+    with pytest.raises(ImageBuildError, match="--on gpu is not one of tools, compile"):
+        build_model_image(folder, local=True, on="gpu")
