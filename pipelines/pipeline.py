@@ -16,8 +16,6 @@ from kfp.dsl import Input, Model
 from components.release.step_settings import pipeline_parameters
 from components.serving import admin_key
 from pipelines.kfp_components import (
-    compile_op,
-    export_op,
     finish_release_op,
     gate_op,
     promote_op,
@@ -28,6 +26,7 @@ from pipelines.kfp_components import (
     stage_op,
     tune_op,
 )
+from pipelines.kfp_model_components import compile_op, export_op
 
 STEP = pipeline_parameters()  # every step setting that is a pipeline parameter, by its name there
 # release_steps' tasks' settings, by settings_op's outputs (components/release/step_settings.py PIPELINE_STEPS)

@@ -1,4 +1,4 @@
-"""The pipeline's export tasks (pipelines/kfp_components.py `export_op`, `export_trained_op`): the model's packages
+"""The pipeline's export tasks (pipelines/kfp_model_components.py `export_op`, `export_trained_op`): the model's packages
 installed first, the signature from the task's text, then the export step. Both run in the task's `model_image`."""
 
 from __future__ import annotations

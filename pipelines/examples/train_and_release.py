@@ -17,7 +17,8 @@ from kfp import dsl
 from kfp.dsl import Metrics, Model, Output
 
 from components.settings import TOOLS_IMAGE
-from pipelines.kfp_components import compile_op, export_trained_op, settings_op, step
+from pipelines.kfp_components import settings_op, step
+from pipelines.kfp_model_components import compile_op, export_trained_op
 from pipelines.pipeline import release_steps, steps_settings
 from pipelines.samples.bert4rec import DYNAMIC_SIGNATURE_JSON, QUALITY_SPEC_TEXT
 
