@@ -141,3 +141,14 @@ def test_the_check_names_a_sideways_import_between_rooms_of_one_floor(house):
         "components/repository/store.py (repository) imports admin from components/serving/admin.py (serving), "
         "a room beside it"
     ]
+
+
+def test_every_module_is_at_most_400_lines():
+    """The project's rule for every Python module, tests and benchmarks included: a longer one is split by what
+    its parts are about."""
+    root = COMPONENTS.parent
+    modules = [
+        p for d in ("components", "pipelines", "tests", "benchmarks", "scripts") for p in (root / d).rglob("*.py")
+    ]
+    assert len(modules) > 100
+    assert {str(p.relative_to(root)): n for p in modules if (n := len(p.read_text().splitlines())) > 400} == {}
