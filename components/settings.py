@@ -16,7 +16,6 @@ from pydantic import Field
 from components.settings_model import Off, StepSettings, flattened, setting, step_settings
 
 Design = Literal["duet", "alternating"]
-DESIGNS: tuple[Design, ...] = ("duet", "alternating")
 # The export and compile steps' choices (the CLI lists and checks them from these).
 ExportMethod = Literal["auto", "export", "script", "trace"]  # auto: torch.export, then TorchScript
 Target = Literal["torchscript", "tensorrt", "aoti"]

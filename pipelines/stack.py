@@ -11,7 +11,6 @@ section 5), installed into `.tools/` by scripts/setup.sh.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import os
 import secrets
@@ -19,7 +18,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -273,17 +272,6 @@ class EmbeddedStack:
         # accept it as a model repository.
         for prefix in (PRODUCTION_PREFIX, STAGING_PREFIX):
             client.put_object(Bucket=self.bucket, Key=f"{prefix}/.tritonship-repository", Body=b"")
-
-    @contextlib.contextmanager
-    def s3_outage(self) -> Iterator[None]:
-        """S3 unreachable for everyone (steps and tritonservers) inside the block; needs `s3_switch=True`."""
-        if self.s3_switch is None:
-            raise StackError("this stack was started without s3_switch=True; it cannot take S3 away")
-        self.s3_switch.cut()
-        try:
-            yield
-        finally:
-            self.s3_switch.restore()
 
     # -------------------------------------------------------------------------------------- Triton
     def add_triton(

@@ -32,15 +32,15 @@ import yaml
 
 from components.errors import TritonshipError
 
-# name -> (torch dtype name, numpy dtype or None where numpy has none, Triton config type, Triton wire type).
+# name -> (torch dtype name, numpy dtype or None where numpy has none, Triton config type).
 # torch is named, not imported: the gate and tools steps read signatures without torch installed.
-DTYPES: dict[str, tuple[str, Any, str, str]] = {
-    "fp32": ("float32", np.float32, "TYPE_FP32", "FP32"),
-    "fp16": ("float16", np.float16, "TYPE_FP16", "FP16"),
-    "bf16": ("bfloat16", None, "TYPE_BF16", "BF16"),
-    "int32": ("int32", np.int32, "TYPE_INT32", "INT32"),
-    "int64": ("int64", np.int64, "TYPE_INT64", "INT64"),
-    "bool": ("bool", np.bool_, "TYPE_BOOL", "BOOL"),
+DTYPES: dict[str, tuple[str, Any, str]] = {
+    "fp32": ("float32", np.float32, "TYPE_FP32"),
+    "fp16": ("float16", np.float16, "TYPE_FP16"),
+    "bf16": ("bfloat16", None, "TYPE_BF16"),
+    "int32": ("int32", np.int32, "TYPE_INT32"),
+    "int64": ("int64", np.int64, "TYPE_INT64"),
+    "bool": ("bool", np.bool_, "TYPE_BOOL"),
 }
 FLOAT_DTYPES = {"fp32", "fp16", "bf16"}
 # Triton model and tensor names: printable, no path separators, no leading dot (also safe as S3 keys).
@@ -98,10 +98,6 @@ class TensorSpec:
     @property
     def triton_type(self) -> str:
         return DTYPES[self.dtype][2]
-
-    @property
-    def wire_type(self) -> str:
-        return DTYPES[self.dtype][3]
 
     def to_dict(self) -> dict[str, Any]:
         names = self.dim_names or (None,) * len(self.shape)

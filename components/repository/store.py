@@ -75,11 +75,6 @@ class Store:
     def staging_uri(self) -> str:
         return f"s3://{self.bucket}/{self._key(STAGING)}"
 
-    def triton_repositories(self, gate: bool = False) -> list[str]:
-        """The --model-repository values for a production server (or the gate server)."""
-        prefixes = [PRODUCTION, STAGING] if gate else [PRODUCTION]
-        return [self.settings.triton_uri(self.bucket, self._key(p)) for p in prefixes]
-
     def version_uri(self, model: str, version: int, staged: bool) -> str:
         return f"s3://{self.bucket}/{self.version_prefix(model, version, staged)}"
 

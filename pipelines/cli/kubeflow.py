@@ -17,7 +17,7 @@ from pipelines.cli.common import (
     out_console_line,
 )
 from pipelines.images import REGISTRY_ENV
-from pipelines.kubeflow import RELEASE_PIPELINE
+from pipelines.kubeflow import DEFAULT_SERVICE_ACCOUNT, RELEASE_PIPELINE
 
 # ---------------------------------------------------------------------------------- pipeline / runs
 pipeline_app = typer.Typer(no_args_is_help=True, help="The KFP pipeline definition.")
@@ -112,7 +112,7 @@ def submit_cmd(
     param: ParamOption = None,
     run_name: Annotated[str, typer.Option()] = "tritonship-release",
     experiment: Annotated[str, typer.Option()] = "tritonship",
-    service_account: Annotated[str, typer.Option(help="from manifests/rbac/")] = "tritonship-pipeline",
+    service_account: Annotated[str, typer.Option(help="from manifests/rbac/")] = DEFAULT_SERVICE_ACCOUNT,
     registry: RegistryOption = None,
     pipeline: PipelineOption = RELEASE_PIPELINE,
 ) -> None:
@@ -132,7 +132,7 @@ def schedule_cmd(
     name: Annotated[str, typer.Option()] = "tritonship-scheduled-release",
     param: ParamOption = None,
     experiment: Annotated[str, typer.Option()] = "tritonship",
-    service_account: Annotated[str, typer.Option(help="from manifests/rbac/")] = "tritonship-pipeline",
+    service_account: Annotated[str, typer.Option(help="from manifests/rbac/")] = DEFAULT_SERVICE_ACCOUNT,
     registry: RegistryOption = None,
     pipeline: PipelineOption = RELEASE_PIPELINE,
 ) -> None:

@@ -255,11 +255,6 @@ def users_v1() -> nn.Module:
     return BERT4Rec(USERS, seed=0).eval()
 
 
-def users_v2() -> nn.Module:
-    """The users' size, retrained: other weights."""
-    return BERT4Rec(USERS, seed=1).eval()
-
-
 def with_sdpa(model: BERT4Rec) -> BERT4Rec:
     """The same weights with PyTorch's fused attention, transformers' default for BERT ("sdpa"), in place of
     the "eager" attention this sample sets (benchmarks/model_floor.py measures both)."""
