@@ -211,3 +211,22 @@ def test_a_serving_torch_that_is_no_version_is_one_sentence(how, tmp_path):
     assert isinstance(result.exception, SystemExit) and result.exit_code == 2, (output, result.exception)
     assert "Traceback" not in output and len(output.splitlines()) == 1, output
     assert "--serving-torch must be a torch version such as 2.14.0, not 'nonsense'" in output, output
+
+
+def test_no_flag_in_any_commands_help_is_tagged_with_a_type():
+    """A flag takes no value: `--containers`, not `--containers <bool>` (Typer tags every option)."""
+    import click
+    import typer
+
+    def commands(group: click.Group, words: list[str]) -> list[list[str]]:
+        found = []
+        for name, command in group.commands.items():
+            found += commands(command, [*words, name]) if isinstance(command, click.Group) else [[*words, name]]
+        return found
+
+    every = commands(typer.main.get_command(app), [])
+    assert len(every) >= 20
+    for words in every:
+        shown = CliRunner().invoke(app, [*words, "--help"], env={"COLUMNS": "200"})
+        assert shown.exit_code == 0 and "--help" in shown.output, words
+        assert "<bool>" not in shown.output, words

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperOption
 
 from components import log
 from components.errors import TritonshipError
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help=__doc__.split("\n")[0], pretty_exceptions_enable=False
 )
+_typed = TyperOption.display_type_rich
+# Typer 0.29's help tags every option with its type, a flag too (`--containers <bool>`): a flag takes no value.
+TyperOption.display_type_rich = lambda self, ctx: None if self.is_flag else _typed(self, ctx)  # type: ignore[method-assign]
 
 console = Console(stderr=True)
 out = Console()
