@@ -264,7 +264,8 @@ def model_package_tag(package: Path, registry: str | None = None, on: str = "too
             f"--model-package {package} is neither a wheel (.whl) nor a folder with a pyproject.toml; give one of them."
         )
     repository = re.sub(r"[^a-z0-9.]+", "-", name.lower()) + ("-compile" if on == "compile" else "")
-    return f"{(registry or 'localhost').rstrip('/')}/{repository}:{version}"
+    tag = re.sub(r"[^\w.-]", "-", version)  # a version such as 1.0+cpu is no image tag: 1.0-cpu
+    return in_registry(f"localhost/{repository}:{tag}", registry)
 
 
 def build_model_image(

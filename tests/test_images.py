@@ -152,9 +152,9 @@ def test_a_model_image_is_named_after_its_package_and_refuses_what_it_cannot_bui
     assert model_package_tag(folder, "registry.example.com/ml", on="compile") == (
         "registry.example.com/ml/acme-ranker-compile:0.3.0"
     )
-    wheel = tmp_path / "Acme_Ranker-1.2.post1-py3-none-any.whl"
+    wheel = tmp_path / "Acme_Ranker-1.2.post1+cpu-py3-none-any.whl"
     wheel.write_bytes(b"")
-    assert model_package_tag(wheel, "r.example:5000") == "r.example:5000/acme-ranker:1.2.post1"
+    assert model_package_tag(wheel, "r.example:5000") == "r.example:5000/acme-ranker:1.2.post1-cpu"
     (tmp_path / "no-version").mkdir()
     (tmp_path / "no-version" / "pyproject.toml").write_text('[project]\nname = "x"\ndynamic = ["version"]\n')
     for package, says in [
