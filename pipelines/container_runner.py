@@ -10,9 +10,9 @@ which stands in for kfp's `run_docker_container` while a run lasts:
   are handed to the image's user before each task.
 - the tasks reach the embedded stack on the host's loopback (host network) and get the run's environment (S3
   credentials, the admin key) as container environment, never as pipeline parameters.
-- a task whose image is a pipeline parameter (`set_container_image`: the export task's `model_image`) is handed
-  the parameter's placeholder as its image, which Kubeflow's backend resolves and kfp's local runner does not.
-  It is resolved here from the task's own inputs.
+- a task whose image is a pipeline parameter (`set_container_image`: the export and compile tasks' `model_image`
+  and `compile_image`) is handed the parameter's placeholder as its image, which Kubeflow's backend resolves and
+  kfp's local runner does not. It is resolved here from the task's own inputs.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -253,3 +254,17 @@ def test_a_failed_tasks_own_error_ends_the_local_runs_message():
         "ExportError: pipelines.samples.bert4rec has no callable 'no_such_model'; the factory must return an nn.Module."
     )
     assert task_error("Task 'export-op' finished with status FAILURE") == ""
+
+
+def test_a_tasks_image_given_as_a_parameter_is_read_from_its_own_inputs():
+    """kfp's local runner hands set_container_image(parameter) over as the placeholder; Kubeflow resolves it."""
+    from pipelines.container_runner import ContainerRunError, resolved_image
+
+    placeholder = "{{$.inputs.parameters['pipelinechannel--model_image']}}"
+    inputs = {"inputs": {"parameterValues": {"pipelinechannel--model_image": "registry.example/ml/mypkg:1.0"}}}
+    command = ["sh", "-c", "...", "--executor_input", json.dumps(inputs), "--function_to_execute", "export_op"]
+    assert resolved_image(placeholder, command) == "registry.example/ml/mypkg:1.0"
+    assert resolved_image("ghcr.io/tritonship/gate:0.1.0-26.10", command) == "ghcr.io/tritonship/gate:0.1.0-26.10"
+    inputs["inputs"]["parameterValues"]["pipelinechannel--model_image"] = ""
+    with pytest.raises(ContainerRunError, match="the parameter pipelinechannel--model_image, which is empty"):
+        resolved_image(placeholder, ["--executor_input", json.dumps(inputs)])
