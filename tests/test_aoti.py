@@ -18,6 +18,7 @@ import torch
 from components.model import model_config, model_folder
 from components.model.compile import CompileError, compile_model
 from components.model.export import export, read_export
+from components.model.model_config import ServingSettings
 from components.model.parity import Tolerance
 from components.release.gate import gate
 from components.release.promote import promote
@@ -112,7 +113,13 @@ def test_an_aoti_folder_is_served_like_eager_then_tuned_gated_and_promoted(key, 
 
     published, staged, candidate = _staged_like_eager(stack, folder, export_dir)
     with TritonAdmin(stack.gate.http_url) as admin:
-        # single samples sent at once are batched by Triton (the r26.05 responder patch) and answered alike
+        # single samples sent at once are batched by Triton (the r26.05 responder patch) and answered alike. The
+        # queue waits for a batch of 8 up to a second: on a busy machine the clients' requests, sent at once,
+        # reached a queue without delay one at a time (64 samples, 64 executions).
+        largest = candidate.config.max_batch_size
+        patient = ServingSettings(max_queue_delay_us=1_000_000, preferred_batch_sizes=(min(8, largest),))
+        admin.load(staged.candidate, model_config.with_settings(candidate.config, patient))
+        admin.wait_ready(staged.candidate)
         golden_in, golden_out = folder.golden()
         rows = range(len(next(iter(golden_in.values()))))
         before = _counts(admin, staged.candidate)
