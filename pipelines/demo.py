@@ -283,6 +283,7 @@ def run_demo(
     if told:
         raise TritonshipError(f"the demo's story sets {', '.join(told)} itself; give the other parameters only.")
     workdir = workdir or Path(tempfile.mkdtemp(prefix="tritonship-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)  # --workdir may name a folder that does not exist yet
     table = Table(title=f"tritonship demo: five releases of '{MODEL}' (BERT4Rec on transformers)")
     for column in ("release", "version", "verdict", "p99 ms", "infer/s", "hit rate@10", "reason"):
         table.add_column(column)
