@@ -230,3 +230,13 @@ def test_no_flag_in_any_commands_help_is_tagged_with_a_type():
         shown = CliRunner().invoke(app, [*words, "--help"], env={"COLUMNS": "200"})
         assert shown.exit_code == 0 and "--help" in shown.output, words
         assert "<bool>" not in shown.output, words
+
+
+def test_the_demo_takes_pipeline_parameters_but_not_those_its_story_sets():
+    """`tritonship demo -p` hands every release a pipeline parameter (model_image, compile_target, …); the ones
+    the story sets for each release are one sentence, before any stack starts."""
+    refused = CliRunner().invoke(app, ["demo", "-p", "model_source=mypkg:build", "-p", "gate=h:1", "-p", "tune=false"])
+    assert refused.exit_code == 2, refused.output
+    assert "error: the demo's story sets gate, model_source itself; give the other parameters only." in refused.output
+    unknown = CliRunner().invoke(app, ["demo", "-p", "no_such=1"])
+    assert unknown.exit_code == 2 and "the pipeline has no parameter 'no_such'" in unknown.output
