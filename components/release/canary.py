@@ -18,12 +18,13 @@ is inconclusive before anything is switched. **After the switch** the first roun
 loaded TorchScript specialises itself for each input shape it meets first).
 
 The effects, over the counted rounds, with the gate's statistics (components/release/gate_stats.py):
-- mean latency, canary over stable: the change in the 20% trimmed mean of the per-round log ratios from before
-  the switch to after it, with Yuen's two-sample interval (both samples' noise widens it);
+- mean latency, canary over stable: the change in the mean of the per-round log ratios (each held near its
+  period's median) from before the switch to after it, with its anytime-valid interval (both periods' noise
+  widens it), so looking after every round keeps the error rates;
 - p99 likewise; from summaries only when rounds last their window (60 s) or more, since a shorter round's
   reading covers the rounds before it too and overlapping rounds would make the interval too narrow;
-- failed requests, the canary's share minus the stable's: its change from before the switch, plain means and
-  Welch's interval, nothing trimmed (a round of failures is never set aside as an outlier);
+- failed requests, the canary's share minus the stable's: its change from before the switch, plain means
+  with the same interval, no round held in (a round of failures is never an outlier);
 - absolute limits on the canary's own mean latency and p99, like the gate's.
 After every round from `min_rounds` counted ones: fail as soon as one effect lies beyond its limit, pass
 when all lie within, else another round until `max_bake_s`; then inconclusive, which the settings turn into
@@ -347,11 +348,11 @@ def effects(
 
     def ratio(name: str, after: list[tuple[float, float]], before: list[tuple[float, float]], limit: float) -> None:
         logs = [np.log([c / b for c, b in pairs]) for pairs in (after, before)]
-        mean, low, high = (np.exp(v) - 1 for v in gate_stats.trimmed_difference(*logs, confidence))
+        mean, low, high = (np.exp(v) - 1 for v in gate_stats.sequential_difference(*logs, confidence))
         out.append(gate_stats.Effect(name, mean, low, high, limit / 100, True, "%"))
 
     def absolute(name: str, values: list[float], limit: float) -> None:
-        mean, low, high = (np.exp(v) for v in gate_stats.trimmed_interval(np.log(values), confidence))
+        mean, low, high = (np.exp(v) for v in gate_stats.sequential_interval(np.log(values), confidence))
         out.append(gate_stats.Effect(name, mean, low, high, limit, True, "ms"))
 
     # a side whose every request failed has no latency: the canary's counts as extreme (failures decide it)
@@ -370,9 +371,9 @@ def effects(
         ratio("mean latency", *latency, settings.max_latency_regression_pct)
     if settings.max_p99_regression_pct and with_p99:
         ratio("p99", *p99s, settings.max_p99_regression_pct)  # type: ignore[arg-type]
-    if settings.max_failure_increase_pct:  # percentage points: no logs, nothing trimmed
+    if settings.max_failure_increase_pct:  # percentage points: no logs, no round held in
         shares = [np.array([c.failure_share - b.failure_share for c, b in r]) for r in (rounds, reference)]
-        mean, low, high = gate_stats.trimmed_difference(*shares, confidence, trim=0.0)
+        mean, low, high = gate_stats.sequential_difference(*shares, confidence, robust=False)
         limit = settings.max_failure_increase_pct / 100
         out.append(gate_stats.Effect("failed requests", mean, low, high, limit, True, "%"))
     return out

@@ -7,34 +7,36 @@ What is compared
     the machine. In the alternating design a round's runs follow each other. Every request's latency
     comes from perf_analyzer's profile export.
 
-The statistic: per round, then a trimmed mean over rounds
+The statistic: per round, then a mean over rounds
     - Each round gives one paired figure: the candidate's p99 over the stable's p99 of that round (its
       ~45th slowest of ~4,500 requests each), and the same for throughput; absolute limits use the
       candidate's own round figures. A round's p99 moves with whatever else the machine does, while
       the duet ratio of the same round moves far less: pairing inside the round is what removes the
       machine's noise (benchmarks/README.md, gate quality, has the figures).
-    - The rounds are combined as the **20% trimmed mean of the log ratios**. Logs make ratios
-      symmetric (x2 and x0.5 are equally far from 1). Trimming is there for the bursts of a busy
-      machine: a burst of other work that lands on one perf_analyzer or one backend process makes
-      that round's ratio an outlier (one A/A round on record came out +29%). Pooling every request
-      (the previous design) lets such a round decide the pooled p99; a plain mean lets it widen the
-      interval for good; a trimmed mean sets it aside and loses little when there is none (about 95%
-      of the mean's efficiency for normal data).
+    - The rounds are combined as the mean of the **log ratios**, each round first held within
+      `OUTLIER_MADS` median absolute deviations of the rounds' median. Logs make ratios symmetric (x2
+      and x0.5 are equally far from 1). The bound is there for the bursts of a busy machine: a burst of
+      other work that lands on one perf_analyzer or one backend process makes that round's ratio an
+      outlier (one A/A round on record came out +29%), which would otherwise widen the interval for good.
 
-The interval: Yuen's t-interval for the trimmed mean
-    Standard error from the winsorized variance, Student's t with (rounds - 2 x trimmed - 1) degrees of
-    freedom, 90% two-sided. Rounds are the independent units (requests of one round share its noise),
-    and t with few degrees of freedom widens the interval honestly when there are few rounds. How
-    often the intervals of recorded A/A duets covered the truth, by the number of rounds, is in
-    benchmarks/README.md.
+The interval: an anytime-valid confidence sequence
+    The gate looks after every round and stops at the first decisive one. A fixed-sample interval is
+    built for one look: replayed on recorded A/A rounds (benchmarks/sequential_replay.py), the previous
+    design's 90% Yuen intervals, looked at every round, passed a candidate exactly at its limit in up to a
+    third of the decisions, where one look allows 5%. The interval here is the anytime-valid t confidence
+    sequence of Lindon, Ham, Tingley and Bojinov ("Anytime-valid linear models and regression adjusted
+    causal inference", 2024; savvi's `LinearRegression`, whose authors' canary analysis at Netflix uses
+    the same tests): Gaussian rounds of unknown variance, and its coverage holds at every round at once,
+    so stopping at the first decisive look keeps its error rates. A difference of two periods (the
+    canary's before and after its switch) is the coefficient of the period in the same regression.
 
 The decision (sequential)
     Each effect is `within` its limit when the whole interval is on the good side, `beyond` when the
     whole interval is past it, else it `straddles`. After every round from `min_rounds` on: fail as
     soon as one effect is beyond; pass when every effect is within; otherwise measure another round
-    until the time budget is spent, and only then call it inconclusive. Looking after every round lets
-    a clear case stop early; the 90% two-sided interval (95% on each side) keeps the chance that a
-    look falsely fails an equal candidate small, which benchmarks/gate_quality.py measures.
+    until the time budget is spent, and only then call it inconclusive. The 90% two-sided sequence
+    (5% on each side) bounds the chance that any look falsely fails an equal candidate, or passes one at
+    its limit; benchmarks/sequential_replay.py and benchmarks/gate_quality.py measure both.
 """
 
 from __future__ import annotations
@@ -43,11 +45,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+from savvi.linear_regression import LinearRegression
 from scipy import stats
 
 from components.settings import DEFAULT_CONFIDENCE, Limits
 
-TRIM = 0.2  # share of rounds set aside at each end
+OUTLIER_MADS = 2.5  # a round further from the median than this counts as this far (benchmarks/sequential_replay.py)
 
 Status = Literal["within", "beyond", "straddles"]
 
@@ -148,38 +151,55 @@ class Effect:
         return {**self.__dict__, "status": self.status, "text": self.describe()}
 
 
-def trimmed_interval(
-    values: np.ndarray, confidence: float = DEFAULT_CONFIDENCE, trim: float = TRIM
-) -> tuple[float, float, float]:
-    """The trimmed mean of `values` (20% at each end by default) and Yuen's t-interval around it; with `trim`
-    0, the mean and Student's t-interval."""
-    x = np.sort(np.asarray(values, dtype=np.float64))
-    n = x.size
-    g = int(trim * n)
-    kept = n - 2 * g
-    mean = float(x[g : n - g].mean())
-    if kept < 2:
-        return mean, float("-inf"), float("inf")
-    winsorized = np.clip(x, x[g], x[n - g - 1])
-    se = np.sqrt((n - 1) * winsorized.var(ddof=1) / (kept * (kept - 1)))
-    half = float(stats.t.ppf(0.5 + confidence / 2, kept - 1) * se)
-    return mean, mean - half, mean + half
+def _held(values: np.ndarray) -> np.ndarray:
+    """`values` held within OUTLIER_MADS median absolute deviations of their median (normal-scaled)."""
+    spread = stats.median_abs_deviation(values, scale="normal")
+    if not spread > 0:
+        return values
+    middle = np.median(values)
+    return np.clip(values, middle - OUTLIER_MADS * spread, middle + OUTLIER_MADS * spread)
 
 
-def trimmed_difference(
-    values: np.ndarray, reference: np.ndarray, confidence: float = DEFAULT_CONFIDENCE, trim: float = TRIM
+def _sequence(y: np.ndarray, design: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The anytime-valid interval of the last coefficient of the regression of `y` on `design`."""
+    model = LinearRegression(alpha=1 - confidence, p=design.shape[1])
+    for row in np.column_stack([y, design]):
+        model.update(row)
+    if model.nu() <= 0:
+        return float("-inf"), float("inf")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        low, high = model.calculate_conf_int()[-1]
+    return (float(low), float(high)) if np.isfinite(low) and np.isfinite(high) else (float("-inf"), float("inf"))
+
+
+def sequential_interval(
+    values: np.ndarray, confidence: float = DEFAULT_CONFIDENCE, robust: bool = True
 ) -> tuple[float, float, float]:
-    """The trimmed mean of `values` less that of an independent `reference` sample, and Yuen's two-sample
-    interval around it (Welch's, with `trim` 0): both samples' errors widen it, with Welch's degrees of freedom."""
-    mean = float(stats.trim_mean(values, trim) - stats.trim_mean(reference, trim))
-    if min(len(x) - 2 * int(trim * len(x)) for x in (values, reference)) < 2:
-        return mean, float("-inf"), float("inf")
-    if np.ptp(values) == 0 and np.ptp(reference) == 0:  # nothing varies (no failures anywhere, say): exact
+    """The mean of `values` (each held within OUTLIER_MADS of the median when `robust`) and its anytime-valid
+    interval: valid at every look, so a decision may stop at the first decisive one."""
+    x = np.asarray(values, dtype=np.float64)
+    x = _held(x) if robust else x
+    mean = float(x.mean())
+    if np.ptp(x) == 0 and x.size > 2:  # nothing varies (no failures anywhere, say): exact
         return mean, mean, mean
-    low, high = stats.ttest_ind(values, reference, equal_var=False, trim=trim).confidence_interval(confidence)
-    if np.isnan(low):  # what varied was trimmed away on both sides
+    low, high = _sequence(x, np.ones((x.size, 1)), confidence)
+    return mean, low, high
+
+
+def sequential_difference(
+    values: np.ndarray, reference: np.ndarray, confidence: float = DEFAULT_CONFIDENCE, robust: bool = True
+) -> tuple[float, float, float]:
+    """The mean of `values` less that of the independent `reference` sample (each held within OUTLIER_MADS of its
+    own median when `robust`), and the difference's anytime-valid interval: the period's coefficient in the
+    regression of both samples on (1, is-`values`)."""
+    after, before = (np.asarray(v, dtype=np.float64) for v in (values, reference))
+    after, before = (_held(after), _held(before)) if robust else (after, before)
+    mean = float(after.mean() - before.mean())
+    if np.ptp(after) == 0 and np.ptp(before) == 0 and min(after.size, before.size) > 1:
         return mean, mean, mean
-    return mean, float(low), float(high)
+    design = np.column_stack([np.ones(after.size + before.size), np.r_[np.ones(after.size), np.zeros(before.size)]])
+    low, high = _sequence(np.r_[after, before], design, confidence)
+    return mean, low, high
 
 
 def _log(values: list[float | None]) -> np.ndarray:
@@ -205,7 +225,7 @@ def effects(
     out: list[Effect] = []
 
     def add(name: str, logs: np.ndarray, limit: float, higher_is_worse: bool, unit: str, relative: bool) -> None:
-        mean, low, high = (np.exp(v) for v in trimmed_interval(logs, confidence))
+        mean, low, high = (np.exp(v) for v in sequential_interval(logs, confidence))
         shift = 1.0 if relative else 0.0
         out.append(Effect(name, mean - shift, low - shift, high - shift, limit, higher_is_worse, unit))  # type: ignore[arg-type]
 
