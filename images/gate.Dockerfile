@@ -14,6 +14,6 @@ COPY images/versions.yaml ./images/versions.yaml
 RUN pip install --no-deps . \
  && pip install "numpy>=1.26" "boto3>=1.35" "tritonclient[http,grpc]>=2.51" "protobuf>=4.25" "pyyaml>=6" \
         "typer>=0.12" "rich>=13" "requests>=2.31" "kfp>=2.17,<2.18" "kfp-kubernetes>=2.17,<2.18" \
-        "kubernetes>=30" "matplotlib>=3.8" "scipy>=1.11" "pydantic>=2.7" "pyarrow>=16" \
+        "kubernetes>=30" "matplotlib>=3.8" "scipy>=1.11" "savvi>=0.3" "pydantic>=2.7" "pyarrow>=16" \
  && useradd --create-home --uid 10001 tritonship
 USER 10001

@@ -22,9 +22,10 @@ from tests.models import sequence_folder
 from tests.release_helpers import install_stable, replicas, repository, unique
 
 # Short rounds and a far-off latency limit: tests of the canary's machinery, not of its statistics (which
-# benchmarks/canary_quality.py measures). Rounds of 1 s with a few dozen requests move by tens of percent by
-# themselves on this machine; the slow candidate below is several times slower.
-QUICK = CanarySettings(round_s=1.0, max_bake_s=20.0, min_requests=20, max_latency_regression_pct=100.0)
+# benchmarks/canary_quality.py and benchmarks/sequential_replay.py measure). Each replica here has one CPU of two:
+# other work that the scheduler moves onto the canary's CPU after the rounds before the switch slows it by itself
+# (an equal candidate read +127% in CI on a busy machine). The slow candidate below is ten times slower.
+QUICK = CanarySettings(round_s=1.0, max_bake_s=20.0, min_requests=20, max_latency_regression_pct=300.0)
 LIVE = {"tokens": np.random.default_rng(3).integers(1, 50, size=(1, 96)).astype(np.int64)}  # long, not the opt
 
 
@@ -84,6 +85,11 @@ def _history(stack: EmbeddedStack, name: str) -> list[dict]:
     return ModelRepository(repository(stack), stack.s3).history(name)
 
 
+def _means(canary) -> list[str]:
+    """Each round's mean latency (ms) on the canary and the baseline replicas: what a failed assertion shows."""
+    return [f"{r['canary']['mean_ms']}/{r['baseline']['mean_ms']}" for r in canary.calibration + canary.rounds]
+
+
 def _release(stack, tmp_path, candidate: dict, client_hz: float = 40):
     """v1 stable everywhere, the candidate (sequence_folder's options) staged; promote with live traffic."""
     name = unique("canary")
@@ -103,7 +109,7 @@ def _release(stack, tmp_path, candidate: dict, client_hz: float = 40):
 @pytest.mark.slow
 def test_an_equal_candidate_passes_the_canary_and_reaches_every_replica_with_no_failed_request(tmp_path, stack):
     name, version, result, error, client = _release(stack, tmp_path, {"seed": 1})
-    assert error is None and result.promoted, error
+    assert error is None and result.promoted, (error, _means(result.canary))
     canary = result.canary
     assert canary.decision == "pass" and canary.outcome == "promoted"
     assert canary.canary_replicas == ["prod-0"] and canary.baseline_replicas == ["prod-1"]
@@ -132,7 +138,7 @@ def test_a_candidate_slow_only_on_the_live_mix_is_reverted_with_no_failed_reques
     assert "mean latency" in str(error) and "every replica was reverted to v1" in str(error).lower()
     assert result.canary.decision == "fail" and result.canary.outcome == "reverted" and result.reverted
     latency = next(e for e in result.canary.effects if e["name"] == "mean latency")
-    assert latency["status"] == "beyond" and latency["estimate"] > 1.0
+    assert latency["status"] == "beyond" and latency["estimate"] > 3.0, latency
     assert client.failures == [] and _served(stack, name) == [1, 1]
     assert ModelRepository(repository(stack), stack.s3).desired_config(name)[0].version_policy.specific.versions == [1]
     reverted = next(e for e in _history(stack, name) if e["event"] == "reverted")

@@ -37,8 +37,8 @@ CUDA_FORMS = [pytest.param("cuda", steps, marks=pytest.mark.gpu) for steps in ("
 THROUGH_THE_STABLE = dataclasses.replace(
     TEST_GATE, thresholds=Thresholds(max_p99_regression_pct=50, max_throughput_regression_pct=50)
 )
-# Short rounds and a far-off limit, as tests/test_canary.py's: the canary's machinery on an ensemble.
-QUICK_CANARY = CanarySettings(round_s=1.0, max_bake_s=20.0, min_requests=20, max_latency_regression_pct=100.0)
+# Short rounds and a far-off limit, as tests/test_canary.py's (which says why): the canary's machinery on an ensemble.
+QUICK_CANARY = CanarySettings(round_s=1.0, max_bake_s=20.0, min_requests=20, max_latency_regression_pct=300.0)
 
 
 @pytest.fixture(scope="module")
