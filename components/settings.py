@@ -48,6 +48,11 @@ DEFAULT_TUNE_P99_SLACK_PCT = 10.0  # tune: how much p99 may grow over the defaul
 DEFAULT_TUNE_MIN_GAIN_PCT = 5.0  # tune: the smallest throughput gain that moves the search
 DEFAULT_CLEANUP_GRACE_S = 3600.0  # repo gc: how old an unsealed version must be before it is removed
 DEFAULT_LEASE_S = 3600.0  # stage, tune, gate, promote: how long a release lease lasts unless renewed
+# one measurement at a time on a gate server (components/release/gate_turn.py): how long a step waits for it, how
+# often it looks, and how long its lease lasts unless renewed (a dead run's is taken over after that)
+DEFAULT_GATE_WAIT_S = 3600.0
+DEFAULT_GATE_POLL_S = 2.0
+DEFAULT_GATE_LEASE_S = 60.0
 DEFAULT_LOAD_TIMEOUT_S = 300.0  # stage, promote: how long one model load may take on a server
 DEFAULT_EXPORT_METHOD: ExportMethod = "auto"
 # quality: a metric with no limit of its own may drop this much against stable (percent of stable's value);

@@ -42,10 +42,11 @@ from components import log
 from components.errors import TritonshipError
 from components.model import model_config
 from components.release import gate_stats
+from components.release.gate_turn import GateBusy, gate_turn
 from components.release.quality import fold_into_verdict
 from components.release.results import GateResult, QualityResult, StageResult, TuneResult
 from components.release.stage import load_stable, read_candidate
-from components.repository import ModelRepository, candidate_name
+from components.repository import ModelRepository, candidate_name, lease_owner
 from components.s3 import S3Settings
 from components.serving import perf, server_metrics
 from components.serving.tools import client_cpu_groups, find_perf_analyzer, shared_client_cpus
@@ -178,7 +179,6 @@ def gate(
     With `tuning`, the candidate is measured as the tune step left it loaded: with the chosen settings.
     With the gate server's `metrics_url`, its GPU and CPU utilisation while measuring go into the verdict.
     With `quality` (the quality step's result), the verdict is both's: pass only when both pass."""
-    started = time.monotonic()  # the budget covers the whole decision, loading the stable version included
     settings = settings or GateSettings()
     repo = ModelRepository(repository, s3)
     desired, _ = repo.desired_config(model)
@@ -186,7 +186,12 @@ def gate(
     result = GateResult(model, version, stable_version, "inconclusive", [], settings=_settings_dict(settings))
     result.tuning = json.loads(tuning.to_json()) if tuning is not None else None
     try:
-        _measure(repo, result, settings, stage_result, desired, gate_url, metrics_url, started)
+        with gate_turn(repo, gate_url, lease_owner(run_id, model, version)) as waited:
+            result.gate_wait_s = round(waited, 1)
+            started = time.monotonic()  # the budget covers the whole decision, loading the stable version included
+            _measure(repo, result, settings, stage_result, desired, gate_url, metrics_url, started)
+    except GateBusy as exc:  # nothing was measured: no decision, and nothing promoted
+        result.verdict, result.reasons, result.stopped = "inconclusive", [str(exc)], "the gate server stayed busy"
     except TritonshipError as exc:
         _failed(result, str(exc))
     if quality is not None:

@@ -35,11 +35,12 @@ from components import log
 from components.model.eval_data import EvalData, batches, open_eval_data
 from components.release import quality_metrics
 from components.release.gate_stats import Effect, judge
+from components.release.gate_turn import gate_turn
 from components.release.quality_metrics import Estimate, Metric, QualityError
 from components.release.quality_spec import MetricSpec, QualitySpec, spec_outputs
 from components.release.results import QualityResult
 from components.release.stage import CandidateVersion, load_stable, read_candidate
-from components.repository import ModelRepository, candidate_name
+from components.repository import ModelRepository, candidate_name, lease_owner
 from components.s3 import S3Settings
 from components.serving.triton_admin import TritonAdmin, TritonError
 from components.settings import (
@@ -80,7 +81,9 @@ def quality(
     with open_eval_data(eval_data, s3) as data:
         check(data, candidate, spec, chunk_rows)
         result.rows = data.rows
-        with TritonAdmin(gate_url) as admin:
+        turn = gate_turn(repo, gate_url, lease_owner(run_id, model, version), progress=progress)
+        with turn as waited, TritonAdmin(gate_url) as admin:
+            result.gate_wait_s = round(waited, 1)
             admin.ensure_live()
             name = candidate_name(model)
             if not admin.is_ready(name, version):

@@ -148,6 +148,7 @@ class TuneResult(Result):
     request_shapes: dict[str, list[int]] = field(default_factory=dict)  # each input of one measured request
     request_rate: float | None = None  # tuned at this fixed rate (lowest p99 wins), else at a concurrency
     warm_up: Trial | None = None  # the default's run before the search, not counted (tune.tune says why)
+    gate_wait_s: float = 0.0  # waited for the gate server while other releases measured there (gate_turn.py)
 
     def trial(self, settings: ServingSettings) -> Trial | None:
         """The setting's measurement; for one measured twice (the default), the two combined."""
@@ -204,6 +205,7 @@ class QualityResult(Result):
     spec: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     stable_load_seconds: float = 0.0
+    gate_wait_s: float = 0.0  # waited for the gate server while other releases measured there (gate_turn.py)
 
 
 # -------------------------------------------------------------------------------------------- gate
@@ -222,6 +224,7 @@ class Verdict(Result):
     attempts: list[dict[str, Any]] = field(default_factory=list)  # every perf_analyzer run
     measurement_seconds: float = 0.0
     stable_load_seconds: float = 0.0
+    gate_wait_s: float = 0.0  # waited for the gate server while other releases measured there (gate_turn.py)
     settings: dict[str, Any] = field(default_factory=dict)
     tuning: dict[str, Any] | None = None  # the tune step's result (TuneResult's JSON)
     server: dict[str, Any] = field(default_factory=dict)  # the gate server's GPU/CPU figures while measuring
@@ -252,6 +255,7 @@ class GateResult:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     measurement_seconds: float = 0.0
     stable_load_seconds: float = 0.0
+    gate_wait_s: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
     tuning: dict[str, Any] | None = None
     server: dict[str, Any] = field(default_factory=dict)

@@ -26,32 +26,25 @@ more, one after the other (two runs beyond the budget), and over all their runs 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
-from pathlib import Path
-
-import numpy as np
 
 from components import log
 from components.errors import TritonshipError
 from components.model import ensemble, model_config
 from components.model.model_config import ServingSettings
+from components.release.gate_turn import gate_turn
 from components.release.results import Trial, TuneResult
 from components.release.stage import CandidateVersion, read_candidate
 from components.release.step_settings import TuneSettings
-from components.repository import ModelRepository, candidate_name
+from components.release.tune_bench import GateBench
+from components.repository import ModelRepository, lease_owner
 from components.s3 import S3Settings
-from components.serving import perf, server_metrics
-from components.serving.triton_admin import TritonAdmin, TritonError
-from components.settings import LoadSettings
 
 LOG = log.get("tune")
-WARM_UP_REQUESTS = 20
 RATE_HELD = 0.97  # at a fixed rate a setting keeps up when it serves 97% of it: perf_analyzer's schedule jitters
 
 
@@ -159,69 +152,6 @@ def grid(default: ServingSettings, settings: TuneSettings) -> list[ServingSettin
         points = [v for p in points for v in values(p)]
     unique: dict[ServingSettings, None] = dict.fromkeys(points)
     return list(unique)
-
-
-# -------------------------------------------------------------------------------------- measuring
-class GateBench:
-    """Loads the candidate with given settings on the gate server and measures it."""
-
-    def __init__(
-        self, gate_url: str, candidate: CandidateVersion, load: LoadSettings, timeout: float, metrics_url: str = ""
-    ) -> None:
-        self.admin = TritonAdmin(gate_url)
-        self.metrics_url = metrics_url
-        self.candidate = candidate
-        self.load = load
-        self.timeout = timeout
-        self.name = candidate_name(candidate.model)
-        self._tmp = tempfile.TemporaryDirectory(prefix="tritonship-tune-")
-        self.data = perf.write_input_data(
-            candidate.golden_inputs, Path(self._tmp.name) / "input.json", batched=candidate.config.max_batch_size > 0
-        )
-
-    def close(self) -> None:
-        self.admin.close()
-        self._tmp.cleanup()
-
-    def apply(self, settings: ServingSettings) -> None:
-        version = self.candidate.version
-        if not self.candidate.members:
-            self.admin.load(self.name, model_config.with_settings(self.candidate.candidate_config(), settings))
-            self.admin.wait_ready(self.name, version)
-            return
-        members = {c.name: c for c in self.candidate.member_candidate_configs()}
-        entry, tuned = ensemble.with_serving_settings(self.candidate.candidate_config(), members, settings)
-        self.admin.reload_ensemble(self.name, entry, tuned, version)
-
-    def measure(self, settings: ServingSettings) -> Trial:
-        trial = Trial(settings)
-        try:
-            self.apply(settings)
-        except TritonError as exc:
-            trial.problem = f"not loaded: {exc}"
-            return trial
-        first = {k: v[:1] for k, v in self.candidate.golden_inputs.items()}
-        for _ in range(WARM_UP_REQUESTS):
-            self.admin.infer(self.name, first, self.candidate.output_names, self.candidate.version)
-        with server_metrics.Sampler(self.metrics_url) if self.metrics_url else contextlib.nullcontext() as sampler:
-            run = perf.measure(
-                self.admin.url,
-                self.name,
-                self.data,
-                self.load,
-                version=str(self.candidate.version),
-                timeout=self.timeout,
-            )
-        trial.server = sampler.summary() if sampler else {}
-        if not run.ok:
-            trial.problem = f"perf_analyzer: {run.reason}"
-            return trial
-        trial.throughput = run.points[0].throughput
-        # pooled over every request of the measured windows, as the gate reads it
-        trial.p99_ms = (
-            float(np.percentile(run.latencies_us, 99)) / 1000 if run.latencies_us.size else run.points[0].p99_us / 1000
-        )
-        return trial
 
 
 def _keeps_up(trial: Trial, rate: float | None) -> bool:
@@ -333,6 +263,38 @@ def _is_aoti(candidate: CandidateVersion) -> bool:
     return any(c.platform == model_config.AOTI_PLATFORM for c in [candidate.config, *candidate.members.values()])
 
 
+def _tuned(
+    gate_url: str,
+    candidate: CandidateVersion,
+    default: ServingSettings,
+    settings: TuneSettings,
+    size: int,
+    metrics_url: str,
+) -> TuneResult:
+    """Warm up with the default, search, and leave the candidate loaded with the chosen settings."""
+    bench = GateBench(gate_url, candidate, settings.load, settings.perf_timeout_s, metrics_url)
+    try:
+        bench.admin.ensure_live()
+        if not bench.admin.is_ready(bench.name, candidate.version):
+            raise TritonshipError(
+                f"the candidate {bench.name} v{candidate.version} is not loaded on {gate_url}; run stage first."
+            )
+        warm_up = bench.measure(default)
+        log.event(LOG, "warmed up", throughput=warm_up.throughput, p99_ms=warm_up.p99_ms, problem=warm_up.problem)
+        result = search(bench.measure, default, settings, size)
+        result.model, result.version, result.request_shapes = (
+            candidate.model,
+            candidate.version,
+            candidate.request_shapes,
+        )
+        result.warm_up = warm_up
+        if result.trials and result.trials[-1].settings != result.chosen:
+            bench.apply(result.chosen)
+        return result
+    finally:
+        bench.close()
+
+
 def tune(
     repository: str,
     model: str,
@@ -351,7 +313,8 @@ def tune(
     (TuneResult.warm_up).
     Turned off it returns the default settings. An ensemble's members are all served with the same
     settings (components/model/ensemble.py, with_serving_settings).
-    With the gate server's `metrics_url`, each trial carries its GPU and CPU utilisation."""
+    With the gate server's `metrics_url`, each trial carries its GPU and CPU utilisation. It measures while it holds
+    the gate server alone (gate_turn), after any other release's measurement there."""
     settings = settings or TuneSettings()
     repo = ModelRepository(repository, s3)
     candidate = read_candidate(repo, model, version)
@@ -367,22 +330,10 @@ def tune(
     if not enabled:
         result = TuneResult(model, version, default, default, None, size, enabled=False)
     else:
-        bench = GateBench(gate_url, candidate, settings.load, settings.perf_timeout_s, metrics_url)
-        try:
-            bench.admin.ensure_live()
-            if not bench.admin.is_ready(bench.name, version):
-                raise TritonshipError(
-                    f"the candidate {bench.name} v{version} is not loaded on {gate_url}; run stage first."
-                )
-            warm_up = bench.measure(default)
-            log.event(LOG, "warmed up", throughput=warm_up.throughput, p99_ms=warm_up.p99_ms, problem=warm_up.problem)
-            result = search(bench.measure, default, settings, size)
-            result.model, result.version, result.request_shapes = model, version, candidate.request_shapes
-            result.warm_up = warm_up
-            if result.trials and result.trials[-1].settings != result.chosen:
-                bench.apply(result.chosen)
-        finally:
-            bench.close()
+        with gate_turn(repo, gate_url, lease_owner(run_id, model, version)) as waited:
+            started = time.monotonic()
+            result = _tuned(gate_url, candidate, default, settings, size, metrics_url)
+            result.gate_wait_s = round(waited, 1)
     result.seconds = time.monotonic() - started
     if result.enabled:  # turned off, there is nothing to record
         details = {k: v for k, v in json.loads(result.to_json()).items() if k not in ("model", "version")}

@@ -1,9 +1,11 @@
-"""The release lease: one release of a model at a time, taken and renewed with S3 conditional writes,
-expiring if its run dies; shown and broken by an operator (recorded in the history)."""
+"""The leases, taken and renewed with S3 conditional writes and expiring if their run dies: the release lease (one
+release of a model at a time; shown and broken by an operator, recorded in the history) and the gate lease (one
+measurement at a time on a gate server, whatever the model)."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -17,9 +19,13 @@ DEFAULT_LEASE_SECONDS = DEFAULT_LEASE_S
 
 
 class LeaseHeld(RepositoryError):
-    """Another run is releasing the same model."""
+    """Another run holds the lease: it is releasing the same model, or measuring on the same gate server."""
 
     exit_code = 3
+
+    def __init__(self, message: str, holder: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 def lease_owner(run_id: str, model: str, version: int) -> str:
@@ -35,7 +41,24 @@ class Leases(History):
         or take over an expired lease with If-Match on the ETag that was read. A run that died leaves
         a lease that expires and is then taken over.
         """
-        key = self._key("leases", f"{model}.json")
+        return self._acquire(self._key("leases", f"{model}.json"), f"'{model}'", owner, seconds, "being released by")
+
+    def acquire_gate(self, gate_url: str, owner: str, seconds: float) -> dict[str, Any]:
+        """Take (or renew) the gate server's lease: one measurement (quality, tune, gate) at a time on it."""
+        return self._acquire(self._gate_key(gate_url), f"the gate server {gate_url}", owner, seconds, "measuring for")
+
+    def release_gate(self, gate_url: str, owner: str) -> bool:
+        """Give the gate server's lease back if `owner` holds it."""
+        return self._release(self._gate_key(gate_url), owner)
+
+    def gate_holder(self, gate_url: str) -> dict[str, Any] | None:
+        """The gate server's lease (owner, acquired, expires), or None when no measurement holds it."""
+        return self._read_lease(self._gate_key(gate_url))[0]
+
+    def _gate_key(self, gate_url: str) -> str:
+        return self._key("leases", "gates", re.sub(r"[^A-Za-z0-9.-]+", "_", gate_url.split("://")[-1]) + ".json")
+
+    def _acquire(self, key: str, what: str, owner: str, seconds: float, doing: str) -> dict[str, Any]:
         for _attempt in range(5):
             now = time.time()
             body = json.dumps({"owner": owner, "acquired": utc_now(), "expires": now + seconds}).encode()
@@ -48,21 +71,24 @@ class Leases(History):
                         "renew the lease", self.s3.put_object, Bucket=self.bucket, Key=key, Body=body, IfMatch=etag
                     )
                     if current["owner"] != owner:
-                        log.event(LOG, "expired lease taken over", model=model, previous=current["owner"], owner=owner)
+                        log.event(LOG, "expired lease taken over", key=key, previous=current["owner"], owner=owner)
                 else:
                     left = current["expires"] - now
                     raise LeaseHeld(
-                        f"'{model}' is being released by run {current['owner']} (lease for {left:.0f} s more); "
-                        "wait for it to finish, or for the lease to expire if that run died."
+                        f"{what} is {doing} run {current['owner']} (lease for {left:.0f} s more); "
+                        "wait for it to finish, or for the lease to expire if that run died.",
+                        holder=current,
                     )
                 return json.loads(body)
             except VersionConflict:
                 continue  # someone wrote between our read and our write: read again
-        raise LeaseHeld(f"the release lease of '{model}' is contended; try again.")
+        raise LeaseHeld(f"the lease of {what} is contended; try again.")
 
     def release_lease(self, model: str, owner: str) -> bool:
         """Give the lease back if `owner` holds it; False if someone else does (or nobody)."""
-        key = self._key("leases", f"{model}.json")
+        return self._release(self._key("leases", f"{model}.json"), owner)
+
+    def _release(self, key: str, owner: str) -> bool:
         current, _etag = self._read_lease(key)
         if current is None or current["owner"] != owner:
             return False
