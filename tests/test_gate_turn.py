@@ -1,0 +1,91 @@
+"""One measurement at a time on a gate server: its lease in the real S3, waited for on a clock that moves only
+when slept on, and two releases of different models gated at once through the one gate server."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from components.release.gate_turn import GateBusy, gate_turn
+from components.repository import ModelRepository
+from components.settings import DEFAULT_GATE_LEASE_S, DEFAULT_GATE_POLL_S
+from tests.models import mlp_folder
+from tests.release_helpers import ABSOLUTE_GATE, repository, stage_and_gate, unique
+
+
+class StepClock:
+    """A clock that moves only when slept on; `on_sleep` runs at each sleep (the other release finishing)."""
+
+    def __init__(self, on_sleep=lambda n: None) -> None:
+        self.t, self.sleeps, self.on_sleep = 0.0, 0, on_sleep
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
+        self.t += seconds
+        self.on_sleep(self.sleeps)
+
+
+def test_a_second_measurement_waits_for_the_first_and_says_for_whom(stack):
+    repo, gate = ModelRepository(repository(stack), stack.s3), f"http://{unique('gate')}:8000"
+    seen: list[str] = []
+    with gate_turn(repo, gate, "run-a") as waited:
+        assert waited == 0.0 and repo.gate_holder(gate)["owner"] == "run-a"
+        # run-a finishes while run-b is on its third poll
+        clock = StepClock(lambda n: n == 3 and repo.release_gate(gate, "run-a"))
+        with gate_turn(repo, gate, "run-b", progress=seen.append, clock=clock) as second_waited:
+            assert repo.gate_holder(gate)["owner"] == "run-b"
+    assert second_waited == 3 * DEFAULT_GATE_POLL_S and clock.sleeps == 3
+    assert seen[0] == f"waiting for the gate server {gate}: measuring for run-a (0 s)" and len(seen) == 3
+    assert repo.gate_holder(gate) is None  # given back after the body
+
+
+def test_a_gate_busy_for_the_whole_wait_is_one_sentence_and_the_holder_keeps_it(stack):
+    repo, gate = ModelRepository(repository(stack), stack.s3), f"http://{unique('gate')}:8000"
+    repo.acquire_gate(gate, "run-a", DEFAULT_GATE_LEASE_S)
+    with pytest.raises(GateBusy) as refused, gate_turn(repo, gate, "run-b", wait_s=10, clock=StepClock()):
+        raise AssertionError("measured while another release held the gate")
+    assert str(refused.value) == (
+        f"the gate server {gate} was measuring for run-a for the whole 10 s wait; run the release again when it is free."
+    )
+    assert repo.gate_holder(gate)["owner"] == "run-a"
+
+
+def test_a_dead_runs_gate_lease_is_taken_over_once_it_expires(stack):
+    repo, gate = ModelRepository(repository(stack), stack.s3), f"http://{unique('gate')}:8000"
+    repo.acquire_gate(gate, "run-that-died", seconds=-1)
+    with gate_turn(repo, gate, "run-b", clock=StepClock()) as waited:
+        assert waited == 0.0 and repo.gate_holder(gate)["owner"] == "run-b"
+
+
+def test_a_failing_body_gives_the_gate_back(stack):
+    repo, gate = ModelRepository(repository(stack), stack.s3), f"http://{unique('gate')}:8000"
+    with pytest.raises(RuntimeError), gate_turn(repo, gate, "run-a"):
+        raise RuntimeError("the measurement failed")
+    assert repo.gate_holder(gate) is None
+
+
+@pytest.mark.slow
+def test_two_models_gated_at_once_take_turns_on_the_one_gate_server(tmp_path, stack):
+    names = [unique("turn"), unique("turn")]
+    for name in names:
+        (tmp_path / name).mkdir()
+    folders = [mlp_folder(tmp_path / name, name) for name in names]
+    verdicts: dict[int, object] = {}
+
+    def release(i: int) -> None:
+        verdicts[i] = stage_and_gate(stack, folders[i], ABSOLUTE_GATE)[2]
+
+    threads = [threading.Thread(target=release, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert [v.verdict for v in verdicts.values()] == ["pass", "pass"], [v.reasons for v in verdicts.values()]
+    first, second = sorted(verdicts.values(), key=lambda v: v.gate_wait_s)
+    # the second waited out the first's whole measurement (which its lease covered), and the first did not wait
+    assert first.gate_wait_s < DEFAULT_GATE_POLL_S and second.gate_wait_s >= first.measurement_seconds
+    assert ModelRepository(repository(stack), stack.s3).gate_holder(stack.gate.http_url) is None
