@@ -32,7 +32,7 @@ class StepClock:
 def test_a_second_measurement_waits_for_the_first_and_says_for_whom(stack):
     repo, gate = ModelRepository(repository(stack), stack.s3), f"http://{unique('gate')}:8000"
     seen: list[str] = []
-    with gate_turn(repo, gate, "run-a") as waited:
+    with gate_turn(repo, gate, "run-a", clock=StepClock()) as waited:
         assert waited == 0.0 and repo.gate_holder(gate)["owner"] == "run-a"
         # run-a finishes while run-b is on its third poll
         clock = StepClock(lambda n: n == 3 and repo.release_gate(gate, "run-a"))
