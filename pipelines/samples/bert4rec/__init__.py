@@ -207,8 +207,8 @@ class LongHistoryCost(nn.Module):
 
     def forward(self, item_ids: torch.Tensor, mask_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         indices, scores = self.model(item_ids, mask_pos)
-        for _ in range(self.passes - 1):
-            scores = scores + self.model(item_ids, mask_pos)[1] * 0.0
+        for _ in range(self.passes - 1):  # on the history reversed: the same pass again would be computed once
+            scores = scores + self.model(item_ids.flip(1), mask_pos)[1] * 0.0
         embedded = self.model.bert.bert.embeddings.word_embeddings(item_ids)
         beyond = embedded[:, LONG_HISTORY:]  # [B, max(0, length - LONG_HISTORY), hidden]: empty at the gate's 8
         square = (beyond @ beyond.transpose(1, 2)).repeat(1, self.window, self.window)
