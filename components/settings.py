@@ -30,6 +30,7 @@ DEFAULT_DESIGN: Design = "duet"
 DEFAULT_MIN_ROUNDS = 5
 DEFAULT_CONFIDENCE = 0.90
 DEFAULT_BUDGET_S = 120.0
+DEFAULT_CALIBRATION_ROUNDS = 12  # gate calibrate: A/A duet rounds measured for the gate server's noise
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_PERF_TIMEOUT_S = 120.0  # gate, tune: one perf_analyzer run's limit before it counts as failed
 DEFAULT_MAX_REGRESSION_PCT = 10.0
@@ -176,6 +177,13 @@ class GateSettings(StepSettings):
         float,
         setting("seconds of the whole decision, loading included, after which an undecided gate is inconclusive", gt=0),
     ] = DEFAULT_BUDGET_S
+    max_calibrated_budget_s: Annotated[
+        Off,
+        setting(
+            "where this gate server's calibration (tritonship calibrate) says the limits need a longer budget, take "
+            "it, up to this many seconds; 0 is off: such limits are inconclusive up front"
+        ),
+    ] = None
     # the code's own: perf_analyzer runs per round before the round counts as lost, the intervals' confidence and
     # one perf_analyzer run's time limit
     max_attempts: Annotated[int, Field(ge=1)] = DEFAULT_MAX_ATTEMPTS

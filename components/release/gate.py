@@ -28,6 +28,7 @@ Fail closed: only `pass` promotes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import tempfile
 import time
@@ -41,10 +42,10 @@ import numpy as np
 from components import log
 from components.errors import TritonshipError
 from components.model import model_config
-from components.release import gate_stats
+from components.release import gate_calibration, gate_stats
 from components.release.gate_turn import GateBusy, gate_turn
 from components.release.quality import fold_into_verdict
-from components.release.results import GateResult, QualityResult, StageResult, TuneResult
+from components.release.results import GateCalibration, GateResult, QualityResult, StageResult, TuneResult
 from components.release.stage import load_stable, read_candidate
 from components.repository import ModelRepository, candidate_name, lease_owner
 from components.s3 import S3Settings
@@ -54,27 +55,7 @@ from components.serving.triton_admin import TritonAdmin, TritonError
 from components.settings import GateSettings
 
 LOG = log.get("gate")
-WARM_UP_REQUESTS = 50
-
-
-def round_requests(
-    candidate: perf.Requests, stable: perf.Requests | None, duet: bool
-) -> tuple[np.ndarray, np.ndarray | None, float, float]:
-    """One round's latencies (ms) of both models and the seconds each measured. In a duet only the span
-    both runs measured counts, so both sides of the round saw the same seconds of the machine."""
-    sides = [candidate] if stable is None else [candidate, stable]
-    if duet:
-        common = (max(s.span_ns[0] for s in sides), min(s.span_ns[1] for s in sides))
-        spans = [common] * len(sides)
-    else:
-        spans = [s.span_ns for s in sides]
-    cut = [
-        (side.latency_us[(side.start_ns >= start) & (side.start_ns <= end)] / 1000, max(end - start, 0) / 1e9)
-        for side, (start, end) in zip(sides, spans, strict=True)
-    ]
-    c_ms, c_s = cut[0]
-    s_ms, s_s = cut[1] if stable is not None else (None, 0.0)
-    return c_ms, s_ms, c_s, s_s
+CALIBRATION_STOP = "the gate server's calibration says its budget cannot decide these limits"
 
 
 RoundMeasure = Callable[[int], list[perf.PerfRun]]  # round index -> [candidate run, stable run?]
@@ -124,7 +105,7 @@ def measure_sequentially(
             ]
             return
         result.rounds += 1
-        c_ms, s_ms, c_s, s_s = round_requests(
+        c_ms, s_ms, c_s, s_s = gate_stats.round_requests(
             runs[0].requests, runs[1].requests if len(runs) > 1 else None, settings.design == "duet"
         )
         result.candidate.add(c_ms, c_s)
@@ -153,6 +134,39 @@ def measure_sequentially(
                 )
             result.reasons = [f"still undecided when the {settings.budget_s:g} s budget was spent: {why}"]
             return
+
+
+def _calibrated(
+    result: GateResult, settings: GateSettings, repo: ModelRepository, gate_url: str, with_stable: bool
+) -> GateSettings:
+    """With a calibration of this gate server for the model: the settings to measure with (the budget the
+    calibration asks for, where max_calibrated_budget_s allows it), or the verdict inconclusive up front when the
+    relative limits are out of the budget's reach at the calibrated noise."""
+    record = repo.calibration(gate_url, result.model) if with_stable else None
+    if record is None:
+        return settings
+    calibration = result.calibration = GateCalibration.from_json(json.dumps(record))
+    far = gate_calibration.limits_out_of_reach(calibration, settings)
+    if not far:
+        return settings
+    needed = [
+        gate_calibration.budget_for(calibration, limit / 100, settings.confidence, settings.min_rounds)
+        for limit in (settings.thresholds.max_p99_regression_pct, settings.thresholds.max_throughput_regression_pct)
+        if limit is not None
+    ]
+    budget = max((n for n in needed if n is not None), default=None)
+    if (
+        None not in needed
+        and budget
+        and settings.max_calibrated_budget_s
+        and budget <= settings.max_calibrated_budget_s
+    ):
+        log.event(LOG, "budget from the calibration", model=result.model, budget_s=round(budget), gate=gate_url)
+        result.settings["budget_s"] = float(np.ceil(budget))
+        return dataclasses.replace(settings, budget_s=result.settings["budget_s"])
+    result.verdict, result.stopped = "inconclusive", CALIBRATION_STOP
+    result.reasons = [*far, "raise the limits or budget_s, or let max_calibrated_budget_s take what it asks for"]
+    return settings
 
 
 def _failed(result: GateResult, reason: str) -> GateResult:
@@ -189,7 +203,9 @@ def gate(
         with gate_turn(repo, gate_url, lease_owner(run_id, model, version)) as waited:
             result.gate_wait_s = round(waited, 1)
             started = time.monotonic()  # the budget covers the whole decision, loading the stable version included
-            _measure(repo, result, settings, stage_result, desired, gate_url, metrics_url, started)
+            settings = _calibrated(result, settings, repo, gate_url, desired is not None)
+            if result.stopped != CALIBRATION_STOP:
+                _measure(repo, result, settings, stage_result, desired, gate_url, metrics_url, started)
     except GateBusy as exc:  # nothing was measured: no decision, and nothing promoted
         result.verdict, result.reasons, result.stopped = "inconclusive", [str(exc)], "the gate server stayed busy"
     except TritonshipError as exc:
@@ -275,7 +291,7 @@ def _measure(
         try:
             first = {k: v[:1] for k, v in candidate.golden_inputs.items()}
             for target in targets:  # a freshly loaded model's first requests are slow
-                for _ in range(WARM_UP_REQUESTS):
+                for _ in range(gate_stats.WARM_UP_REQUESTS):
                     admin.infer(target.model, first, candidate.output_names, target.version)
             result.settings["request_shapes"] = candidate.request_shapes
             with tempfile.TemporaryDirectory(prefix="tritonship-gate-") as tmp:

@@ -48,11 +48,33 @@ import numpy as np
 from savvi.linear_regression import LinearRegression
 from scipy import stats
 
+from components.serving import perf
 from components.settings import DEFAULT_CONFIDENCE, Limits
 
+WARM_UP_REQUESTS = 50  # sent to each freshly loaded model before its rounds: its first requests are slow
 OUTLIER_MADS = 2.5  # a round further from the median than this counts as this far (benchmarks/sequential_replay.py)
 
 Status = Literal["within", "beyond", "straddles"]
+
+
+def round_requests(
+    candidate: perf.Requests, stable: perf.Requests | None, duet: bool
+) -> tuple[np.ndarray, np.ndarray | None, float, float]:
+    """One round's latencies (ms) of both models and the seconds each measured. In a duet only the span
+    both runs measured counts, so both sides of the round saw the same seconds of the machine."""
+    sides = [candidate] if stable is None else [candidate, stable]
+    if duet:
+        common = (max(s.span_ns[0] for s in sides), min(s.span_ns[1] for s in sides))
+        spans = [common] * len(sides)
+    else:
+        spans = [s.span_ns for s in sides]
+    cut = [
+        (side.latency_us[(side.start_ns >= start) & (side.start_ns <= end)] / 1000, max(end - start, 0) / 1e9)
+        for side, (start, end) in zip(sides, spans, strict=True)
+    ]
+    c_ms, c_s = cut[0]
+    s_ms, s_s = cut[1] if stable is not None else (None, 0.0)
+    return c_ms, s_ms, c_s, s_s
 
 
 @dataclass

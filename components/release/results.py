@@ -210,6 +210,28 @@ class QualityResult(Result):
 
 # -------------------------------------------------------------------------------------------- gate
 @dataclass
+class GateCalibration(Result):
+    """An equal candidate's noise on one gate server for one model (components/release/gate_calibration.py)."""
+
+    model: str
+    version: int  # the stable version, measured against its own published copy
+    gate: str = ""
+    rounds: int = 0
+    round_seconds: float = 0.0  # one duet round, on average
+    setup_seconds: float = 0.0  # loading both and warming up, which a gate's budget pays too
+    p99_log_sd: float = 0.0  # the spread of the rounds' log(candidate p99 / stable p99)
+    throughput_log_sd: float = 0.0
+    budget_s: float = 0.0  # the budget the decidable limits are for
+    decidable_pct: dict[str, float] = field(default_factory=dict)  # limit -> the smallest it decides, in %
+    recorded: str = ""  # when S3 took it (UTC)
+    uri: str = ""
+
+    def rounds_within(self, budget_s: float) -> int:
+        """The rounds a budget of `budget_s` holds at this gate's round length, after loading and warming up."""
+        return max(0, int((budget_s - self.setup_seconds) // self.round_seconds)) if self.round_seconds > 0 else 0
+
+
+@dataclass
 class Verdict(Result):
     """verdict.json: the gate's decision and its evidence, as the next steps and people read it."""
 
@@ -225,6 +247,7 @@ class Verdict(Result):
     measurement_seconds: float = 0.0
     stable_load_seconds: float = 0.0
     gate_wait_s: float = 0.0  # waited for the gate server while other releases measured there (gate_turn.py)
+    calibration: GateCalibration | None = None  # this gate server's recorded noise for the model, if calibrated
     settings: dict[str, Any] = field(default_factory=dict)
     tuning: dict[str, Any] | None = None  # the tune step's result (TuneResult's JSON)
     server: dict[str, Any] = field(default_factory=dict)  # the gate server's GPU/CPU figures while measuring
@@ -256,6 +279,7 @@ class GateResult:
     measurement_seconds: float = 0.0
     stable_load_seconds: float = 0.0
     gate_wait_s: float = 0.0
+    calibration: GateCalibration | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     tuning: dict[str, Any] | None = None
     server: dict[str, Any] = field(default_factory=dict)

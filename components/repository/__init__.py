@@ -8,6 +8,8 @@ Layout under a repository root `s3://bucket/root` (docs/design.md section 2):
     root/versions/<model>/<v>                   allocation markers (conditional writes: one owner per number)
     root/history/<model>/<time>-<id>.json       append-only events, one object each
     root/leases/<model>.json                    the per-model release lease
+    root/leases/gates/<host_port>.json          the gate lease: one measurement at a time per gate server
+    root/calibration/<host_port>/<model>.json   an equal candidate's noise on that gate server, as calibrated
     root/promotions/<model>.json                a promotion in progress (its run, versions and phase)
 
 Production Tritons mount root/models, the gate mounts root/models and root/staging. A version
@@ -16,6 +18,7 @@ directory without manifest.json does not exist for readers; `gc` removes it afte
 
 from __future__ import annotations
 
+from components.repository.calibrations import Calibrations
 from components.repository.desired import DesiredState
 from components.repository.history import History
 from components.repository.leases import DEFAULT_LEASE_SECONDS, LeaseHeld, Leases, lease_owner
@@ -34,7 +37,7 @@ from components.repository.store import (
 from components.repository.versions import Versions
 
 
-class ModelRepository(Maintenance, Manifests, Versions, DesiredState, Leases, History, Promotions):
+class ModelRepository(Maintenance, Manifests, Versions, DesiredState, Leases, History, Promotions, Calibrations):
     """One repository root on S3: the one entry point; each part lives in its own module of this package."""
 
 

@@ -5,13 +5,12 @@ measurement at a time on a gate server, whatever the model)."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
 
 from components import log
 from components.repository.history import History
-from components.repository.store import RepositoryError, VersionConflict, utc_now
+from components.repository.store import RepositoryError, VersionConflict, gate_slug, utc_now
 from components.settings import DEFAULT_LEASE_S
 
 LOG = log.get("repository")
@@ -56,7 +55,7 @@ class Leases(History):
         return self._read_lease(self._gate_key(gate_url))[0]
 
     def _gate_key(self, gate_url: str) -> str:
-        return self._key("leases", "gates", re.sub(r"[^A-Za-z0-9.-]+", "_", gate_url.split("://")[-1]) + ".json")
+        return self._key("leases", "gates", f"{gate_slug(gate_url)}.json")
 
     def _acquire(self, key: str, what: str, owner: str, seconds: float, doing: str) -> dict[str, Any]:
         for _attempt in range(5):

@@ -4,6 +4,7 @@ person can act on; and the layout's paths (the layout is in components/repositor
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +21,13 @@ MANIFEST = "manifest.json"
 CONFIG = "config.pbtxt"
 PRODUCTION = "models"
 STAGING = "staging"
+
+
+def gate_slug(gate_url: str) -> str:
+    """A gate server's URL as one key part (host_port): its lease and its calibrations are filed under it."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", gate_url.split("://")[-1]).strip("_")
+
+
 # Multipart above 16 MiB in 16 MiB parts, 4 in flight: the fastest multipart setting benchmarks/multipart.py
 # measured (as fast as one PUT there); parts keep retries small, and a single PUT stops at 5 GiB.
 TRANSFER = TransferConfig(multipart_threshold=16 * 2**20, multipart_chunksize=16 * 2**20, max_concurrency=4)

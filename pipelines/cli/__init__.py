@@ -9,6 +9,7 @@ from pipelines.cli.common import app
 for _group in (
     "build",
     "release",
+    "calibrate",
     "quality",
     "repository",
     "stack_commands",

@@ -1,0 +1,194 @@
+"""Gate calibration: how noisy an equal candidate is on this gate server for this model, and so which limits the
+gate's budget can decide there.
+
+`calibrate` measures the stable version against itself exactly as the gate measures a candidate against stable:
+its published copy loaded dark as the candidate, the stable version beside it, duet rounds at the gate's load. The
+spread of the rounds' log ratios (p99, throughput) is the gate's noise there. With the anytime-valid interval
+(components/release/gate_stats.py) it gives, for the rounds the budget holds, the smallest limit an equal candidate
+is decided within (`decidable`), and for a limit, the budget it needs (`budget_for`). The result is recorded in S3
+per gate server and model; the gate reads it before measuring and says up front when its limits cannot be decided
+within its budget there, or, where the settings allow, takes the budget the calibration asks for."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from components import log
+from components.errors import TritonshipError
+from components.model.model_config import ModelConfig
+from components.release import gate_stats
+from components.release.gate_turn import gate_turn
+from components.release.results import GateCalibration
+from components.release.stage import CandidateVersion, load_stable, read_candidate
+from components.repository import ModelRepository, candidate_name, lease_owner
+from components.s3 import S3Settings
+from components.serving import perf
+from components.serving.tools import find_perf_analyzer, shared_client_cpus
+from components.serving.triton_admin import TritonAdmin
+from components.settings import DEFAULT_CALIBRATION_ROUNDS, GateSettings
+
+LOG = log.get("gate")
+MOST_ROUNDS = 400  # budget_for looks no further
+
+
+class CalibrationError(TritonshipError):
+    """The gate cannot be calibrated for this model (no stable version, or its published copy is gone)."""
+
+
+def _normal_sample(sd: float, rounds: int) -> np.ndarray:
+    """`rounds` values with mean 0 and sample standard deviation exactly `sd`: an equal candidate's typical rounds."""
+    z = stats.norm.ppf((np.arange(rounds) + 0.5) / rounds)
+    return z / z.std(ddof=1) * sd
+
+
+def decidable(sd: float, rounds: int, confidence: float) -> float:
+    """The smallest relative limit (a fraction) that an equal candidate's interval lies within after `rounds`
+    rounds whose log ratios spread by `sd`; infinite when too few rounds fit."""
+    if rounds < 3:
+        return float("inf")
+    _, low, high = gate_stats.sequential_interval(_normal_sample(sd, rounds), confidence, robust=False)
+    return float(np.expm1(max(high, -low)))
+
+
+def budget_for(calibration: GateCalibration, limit: float, confidence: float, min_rounds: int) -> float | None:
+    """The budget (s) in which an equal candidate's interval for `limit` (a fraction) is decided at this noise."""
+    sd = max(calibration.p99_log_sd, calibration.throughput_log_sd)
+    for rounds in range(min_rounds, MOST_ROUNDS):
+        if decidable(sd, rounds, confidence) < limit:
+            return calibration.setup_seconds + rounds * calibration.round_seconds
+    return None
+
+
+def limits_out_of_reach(calibration: GateCalibration, settings: GateSettings) -> list[str]:
+    """Each relative limit that the budget cannot decide for an equal candidate at the calibrated noise, as a
+    sentence with the limit that it can decide and the budget this limit needs."""
+    t = settings.thresholds
+    rounds = calibration.rounds_within(settings.budget_s)
+    out = []
+    for name, limit, sd in (
+        ("p99", t.max_p99_regression_pct, calibration.p99_log_sd),
+        ("throughput", t.max_throughput_regression_pct, calibration.throughput_log_sd),
+    ):
+        if limit is None:
+            continue
+        reach = decidable(sd, rounds, settings.confidence)
+        if reach * 100 >= limit:
+            needed = budget_for(calibration, limit / 100, settings.confidence, settings.min_rounds)
+            out.append(
+                f"the {name} limit ({limit:g}%) is beyond what the {settings.budget_s:g} s budget decides on this "
+                f"gate server ({reach * 100:.0f}% at its calibrated noise, {calibration.rounds} rounds measured "
+                f"{calibration.recorded or 'earlier'}); "
+                + (f"a budget of {needed:.0f} s decides it" if needed else "no budget decides it")
+            )
+    return out
+
+
+def calibrate(
+    repository: str,
+    model: str,
+    gate_url: str,
+    settings: GateSettings | None = None,
+    rounds: int = DEFAULT_CALIBRATION_ROUNDS,
+    s3: S3Settings | None = None,
+    run_id: str = "",
+) -> GateCalibration:
+    """Measure the stable version against its own published copy on the gate server, record the noise in S3."""
+    settings = settings or GateSettings()
+    repo = ModelRepository(repository, s3)
+    desired, _ = repo.desired_config(model)
+    if desired is None:
+        raise CalibrationError(f"'{model}' has no promoted version to calibrate the gate with; release one first.")
+    version = desired.version_policy.specific.versions[0]
+    try:
+        candidate = read_candidate(repo, model, version)
+    except TritonshipError:
+        raise CalibrationError(
+            f"the published copy of '{model}' v{version} is no longer in staging (repo gc?); calibrate after the "
+            "next release."
+        ) from None
+    find_perf_analyzer()
+    owner = lease_owner(run_id, model, version)
+    repo.acquire_lease(model, owner)  # the candidate's name on the gate is the model's: no release meanwhile
+    try:
+        with gate_turn(repo, gate_url, owner), TritonAdmin(gate_url) as admin:
+            admin.ensure_live()
+            found = _measure(admin, repo, candidate, desired, settings, rounds)
+    finally:
+        repo.release_lease(model, owner)
+    found.gate = gate_url
+    found.budget_s = settings.budget_s
+    found.decidable_pct = {
+        name: round(decidable(sd, found.rounds_within(settings.budget_s), settings.confidence) * 100, 1)
+        for name, sd in (("p99", found.p99_log_sd), ("throughput", found.throughput_log_sd))
+    }
+    found.uri = repo.write_calibration(gate_url, model, {k: v for k, v in found.to_dict().items() if k != "uri"})
+    log.event(LOG, "calibrated", model=model, gate=gate_url, **found.decidable_pct)
+    return found
+
+
+def recorded(repository: str, gate_url: str, model: str, s3: S3Settings | None = None) -> GateCalibration | None:
+    record = ModelRepository(repository, s3).calibration(gate_url, model)
+    return GateCalibration.from_json(json.dumps(record)) if record else None
+
+
+def _measure(
+    admin: TritonAdmin,
+    repo: ModelRepository,
+    candidate: CandidateVersion,
+    desired: ModelConfig,
+    settings: GateSettings,
+    rounds: int,
+) -> GateCalibration:
+    name, version = candidate_name(candidate.model), candidate.version
+    setup_started = time.monotonic()
+    for member in candidate.member_candidate_configs():
+        admin.load(member.name, member)
+        admin.wait_ready(member.name, version)
+    admin.load(name, candidate.candidate_config())
+    admin.wait_ready(name, version)
+    try:
+        load_stable(admin, repo, candidate.model, desired)
+        targets = [perf.Target(name, str(version)), perf.Target(candidate.model, str(version))]
+        first = {k: v[:1] for k, v in candidate.golden_inputs.items()}
+        for target in targets:
+            for _ in range(gate_stats.WARM_UP_REQUESTS):
+                admin.infer(target.model, first, candidate.output_names, target.version)
+        setup = time.monotonic() - setup_started
+        p99s, throughputs, durations = [], [], []
+        with tempfile.TemporaryDirectory(prefix="tritonship-calibrate-") as tmp:
+            data = perf.write_input_data(
+                candidate.golden_inputs, Path(tmp) / "input.json", batched=candidate.config.max_batch_size > 0
+            )
+            for index in range(rounds):
+                started = time.monotonic()
+                runs = perf.measure_together(
+                    admin.url, targets, data, settings.load, settings.perf_timeout_s, shared_client_cpus(index)
+                )
+                durations.append(time.monotonic() - started)
+                if not all(r.ok for r in runs):
+                    raise CalibrationError(
+                        f"round {index + 1} could not be measured: {runs[0].reason or runs[1].reason}"
+                    )
+                a_ms, b_ms, a_s, b_s = gate_stats.round_requests(runs[0].requests, runs[1].requests, duet=True)
+                p99s.append(np.log(np.percentile(a_ms, 99) / np.percentile(b_ms, 99)))
+                throughputs.append(np.log((a_ms.size / a_s) / (b_ms.size / b_s)))
+    finally:
+        admin.unload_with_members(candidate.model)
+        for member in candidate.member_candidate_configs():
+            admin.unload(member.name)
+        admin.unload(name)
+    return GateCalibration(
+        candidate.model,
+        version,
+        rounds=rounds,
+        round_seconds=float(np.mean(durations)),
+        setup_seconds=setup,
+        p99_log_sd=float(np.std(p99s, ddof=1)),
+        throughput_log_sd=float(np.std(throughputs, ddof=1)),
+    )

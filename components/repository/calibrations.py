@@ -1,0 +1,27 @@
+"""The gate's calibrations: root/calibration/<gate host_port>/<model>.json, the noise of an equal candidate as
+measured on that gate server for that model (components/release/gate_calibration.py), rewritten by each
+calibration. The gate reads it to say up front which limits its budget can decide there."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from components.repository.store import Store, gate_slug, utc_now
+
+
+class Calibrations(Store):
+    def _calibration_key(self, gate_url: str, model: str) -> str:
+        return self._key("calibration", gate_slug(gate_url), f"{model}.json")
+
+    def write_calibration(self, gate_url: str, model: str, record: dict[str, Any]) -> str:
+        """Record the model's calibration on a gate server; its S3 URI."""
+        key = self._calibration_key(gate_url, model)
+        body = json.dumps({**record, "recorded": utc_now()}, sort_keys=True).encode()
+        self._call(f"write s3://{self.bucket}/{key}", self.s3.put_object, Bucket=self.bucket, Key=key, Body=body)
+        return f"s3://{self.bucket}/{key}"
+
+    def calibration(self, gate_url: str, model: str) -> dict[str, Any] | None:
+        """The model's last calibration on a gate server, or None."""
+        body = self._get(self._calibration_key(gate_url, model))
+        return json.loads(body) if body is not None else None

@@ -1,0 +1,81 @@
+"""The gate's calibration: the noise of an equal candidate measured on the embedded gate server and recorded in S3,
+what it says the budget can decide, and the gate reading it before it measures."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from typer.testing import CliRunner
+
+from components.release.gate import gate
+from components.release.gate_calibration import CalibrationError, budget_for, calibrate, decidable
+from components.release.results import GateCalibration
+from components.release.stage import stage
+from components.repository import ModelRepository
+from components.settings import GateSettings
+from pipelines.cli import app
+from tests.models import mlp_folder
+from tests.release_helpers import install_stable, repository, unique
+
+NOISY = GateCalibration("m", 1, rounds=12, round_seconds=4.0, setup_seconds=8.0, p99_log_sd=0.4, throughput_log_sd=0.1)
+
+
+def test_what_a_budget_decides_narrows_with_rounds_and_widens_with_noise():
+    assert decidable(0.2, 10, 0.9) > decidable(0.2, 30, 0.9) > decidable(0.1, 30, 0.9) > 0
+    assert decidable(0.2, 2, 0.9) == float("inf")
+    assert NOISY.rounds_within(120) == 28  # (120 - 8) / 4
+    needed = budget_for(NOISY, 0.10, 0.9, 5)
+    assert needed is not None and (needed - 8) % 4 == 0 and decidable(0.4, int((needed - 8) / 4), 0.9) < 0.10
+    assert decidable(0.4, int((needed - 8) / 4) - 1, 0.9) >= 0.10  # the shortest such budget
+
+
+def _staged_equal(stack, tmp_path) -> tuple[str, int]:
+    name = unique("calib")
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v2").mkdir()
+    install_stable(stack, mlp_folder(tmp_path / "v1", name))
+    from components.release.publish import publish
+
+    published = publish(mlp_folder(tmp_path / "v2", name), repository(stack), s3=stack.s3)
+    assert stage(repository(stack), name, published.version, stack.gate.http_url, s3=stack.s3).accuracy_passed
+    return name, published.version
+
+
+def test_the_gate_says_up_front_when_its_calibration_puts_the_limits_out_of_reach(tmp_path, stack):
+    name, version = _staged_equal(stack, tmp_path)
+    repo = ModelRepository(repository(stack), stack.s3)
+    repo.write_calibration(stack.gate.http_url, name, dataclasses.replace(NOISY, model=name).to_dict())
+    verdict = gate(repository(stack), name, version, stack.gate.http_url, GateSettings(), s3=stack.s3)
+    assert verdict.verdict == "inconclusive" and verdict.rounds == 0 and verdict.calibration.p99_log_sd == 0.4
+    assert verdict.reasons[0].startswith("the p99 limit (10%) is beyond what the 120 s budget decides on this gate")
+    assert "a budget of" in verdict.reasons[0] and len(verdict.reasons) == 2  # throughput's noise is within reach
+    # allowed a longer budget, the gate takes what the calibration asks for and measures
+    allowed = GateSettings(max_calibrated_budget_s=3600, budget_s=120)
+    taken = gate(repository(stack), name, version, stack.gate.http_url, allowed, s3=stack.s3)
+    assert taken.rounds >= 5 and taken.settings["budget_s"] == budget_for(taken.calibration, 0.10, 0.9, 5)
+
+
+@pytest.mark.slow
+def test_calibrate_measures_the_stable_version_against_itself_and_records_it(tmp_path, stack):
+    name = unique("calib")
+    (tmp_path / "v1").mkdir()
+    with pytest.raises(CalibrationError, match="has no promoted version"):
+        calibrate(repository(stack), name, stack.gate.http_url, rounds=5, s3=stack.s3)
+    install_stable(stack, mlp_folder(tmp_path / "v1", name))
+    shown = CliRunner().invoke(
+        app,
+        ["calibrate", "-r", repository(stack), "-m", name, "--gate", stack.gate.http_url, "--rounds", "5"],
+        env={**stack.s3.env(), "COLUMNS": "200"},
+    )
+    assert shown.exit_code == 0, shown.output
+    assert f"{name} v1 on {stack.gate.http_url}: 5 rounds" in shown.output
+    assert "the p99 limit of 10% is decided" in shown.output and "recorded in s3://" in shown.output
+    record = ModelRepository(repository(stack), stack.s3).calibration(stack.gate.http_url, name)
+    assert record["rounds"] == 5 and record["p99_log_sd"] > 0 and record["throughput_log_sd"] > 0
+    assert set(record["decidable_pct"]) == {"p99", "throughput"} and record["round_seconds"] > 1
+    from components.serving.triton_admin import TritonAdmin
+
+    with TritonAdmin(stack.gate.http_url) as admin:  # nothing of the calibration stays on the gate
+        assert not admin.is_ready(f"{name}__candidate") and not admin.is_ready(name)
+    assert ModelRepository(repository(stack), stack.s3).lease(name) is None
