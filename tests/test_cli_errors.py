@@ -110,6 +110,7 @@ CASES = [
         "does not see {unmounted_model}__candidate",
     ),
     (["tune"], ["-r", "{repo}", "-m", "m", "--version", "1", "--gate", "{closed}", "--out", "{out}"], "m"),
+    (["calibrate"], ["-r", "{repo}", "-m", "m", "--gate", "{gate}"], "'m' has no promoted version"),
     (
         ["gate"],
         [

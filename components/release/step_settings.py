@@ -262,6 +262,7 @@ COMMANDS: dict[tuple[str, ...], type[StepSettings]] = {
     ("tune",): TuneSettings,
     ("quality",): QualitySettings,
     ("gate",): GateSettings,
+    ("calibrate",): GateSettings,  # measured as the gate measures
     ("promote",): PromoteSettings,
     ("repo", "gc"): RepoGcSettings,
     ("lease", "release"): LeaseReleaseSettings,
