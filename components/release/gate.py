@@ -149,11 +149,7 @@ def _calibrated(
     far = gate_calibration.limits_out_of_reach(calibration, settings)
     if not far:
         return settings
-    needed = [
-        gate_calibration.budget_for(calibration, limit / 100, settings.confidence, settings.min_rounds)
-        for limit in (settings.thresholds.max_p99_regression_pct, settings.thresholds.max_throughput_regression_pct)
-        if limit is not None
-    ]
+    needed = list(gate_calibration.budgets(calibration, settings).values())
     budget = max((n for n in needed if n is not None), default=None)
     if (
         None not in needed

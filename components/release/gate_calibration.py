@@ -11,7 +11,6 @@ within its budget there, or, where the settings allow, takes the budget the cali
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -56,35 +55,49 @@ def decidable(sd: float, rounds: int, confidence: float) -> float:
     return float(np.expm1(max(high, -low)))
 
 
-def budget_for(calibration: GateCalibration, limit: float, confidence: float, min_rounds: int) -> float | None:
-    """The budget (s) in which an equal candidate's interval for `limit` (a fraction) is decided at this noise."""
-    sd = max(calibration.p99_log_sd, calibration.throughput_log_sd)
+def budget_for(
+    calibration: GateCalibration, sd: float, limit: float, confidence: float, min_rounds: int
+) -> float | None:
+    """The budget (s) in which an equal candidate's interval for `limit` (a fraction) is decided, its rounds' log
+    ratios spreading by `sd`, at this gate server's round length and loading time; None when none does."""
     for rounds in range(min_rounds, MOST_ROUNDS):
         if decidable(sd, rounds, confidence) < limit:
             return calibration.setup_seconds + rounds * calibration.round_seconds
     return None
 
 
+def _relative_limits(calibration: GateCalibration, settings: GateSettings) -> list[tuple[str, float, float]]:
+    """(name, limit in %, the calibrated spread of its rounds) for each relative limit that is on."""
+    t = settings.thresholds
+    pairs = (
+        ("p99", t.max_p99_regression_pct, calibration.p99_log_sd),
+        ("throughput", t.max_throughput_regression_pct, calibration.throughput_log_sd),
+    )
+    return [(name, limit, sd) for name, limit, sd in pairs if limit is not None]
+
+
+def budgets(calibration: GateCalibration, settings: GateSettings) -> dict[str, float | None]:
+    """Each relative limit's budget at the calibrated noise (budget_for)."""
+    return {
+        name: budget_for(calibration, sd, limit / 100, settings.confidence, settings.min_rounds)
+        for name, limit, sd in _relative_limits(calibration, settings)
+    }
+
+
 def limits_out_of_reach(calibration: GateCalibration, settings: GateSettings) -> list[str]:
     """Each relative limit that the budget cannot decide for an equal candidate at the calibrated noise, as a
     sentence with the limit that it can decide and the budget this limit needs."""
-    t = settings.thresholds
     rounds = calibration.rounds_within(settings.budget_s)
+    needed = budgets(calibration, settings)
     out = []
-    for name, limit, sd in (
-        ("p99", t.max_p99_regression_pct, calibration.p99_log_sd),
-        ("throughput", t.max_throughput_regression_pct, calibration.throughput_log_sd),
-    ):
-        if limit is None:
-            continue
+    for name, limit, sd in _relative_limits(calibration, settings):
         reach = decidable(sd, rounds, settings.confidence)
         if reach * 100 >= limit:
-            needed = budget_for(calibration, limit / 100, settings.confidence, settings.min_rounds)
             out.append(
                 f"the {name} limit ({limit:g}%) is beyond what the {settings.budget_s:g} s budget decides on this "
                 f"gate server ({reach * 100:.0f}% at its calibrated noise, {calibration.rounds} rounds measured "
                 f"{calibration.recorded or 'earlier'}); "
-                + (f"a budget of {needed:.0f} s decides it" if needed else "no budget decides it")
+                + (f"a budget of {needed[name]:.0f} s decides it" if needed[name] else "no budget decides it")
             )
     return out
 
@@ -130,11 +143,6 @@ def calibrate(
     found.uri = repo.write_calibration(gate_url, model, {k: v for k, v in found.to_dict().items() if k != "uri"})
     log.event(LOG, "calibrated", model=model, gate=gate_url, **found.decidable_pct)
     return found
-
-
-def recorded(repository: str, gate_url: str, model: str, s3: S3Settings | None = None) -> GateCalibration | None:
-    record = ModelRepository(repository, s3).calibration(gate_url, model)
-    return GateCalibration.from_json(json.dumps(record)) if record else None
 
 
 def _measure(

@@ -37,7 +37,7 @@ def calibrate_cmd(
 ) -> None:
     """Measure an equal candidate's noise on the gate server (the stable version against itself, as the gate measures)
     and record it in S3; say which limits the gate's budget can decide there. The gate then reads it."""
-    from components.release.gate_calibration import budget_for, calibrate
+    from components.release.gate_calibration import budgets, calibrate
 
     with console.status(f"measuring {rounds} A/A rounds of {model} on the gate server"):
         found = calibrate(repository, model, one_server(gate), gate_settings, rounds, s3_settings(s3_endpoint))
@@ -49,10 +49,9 @@ def calibrate_cmd(
     )
     for name, reach in found.decidable_pct.items():
         console.print(f"  within the {found.budget_s:g} s budget the gate decides {name} limits of {reach:g}% or more")
-    t = gate_settings.thresholds
-    for name, limit in (("p99", t.max_p99_regression_pct), ("throughput", t.max_throughput_regression_pct)):
-        if limit is not None:
-            needed = budget_for(found, limit / 100, gate_settings.confidence, gate_settings.min_rounds)
-            decided = f"in about {needed:.0f} s" if needed else "in no budget"
-            console.print(f"  the {name} limit of {limit:g}% is decided {decided}", highlight=False)
+    limits = {"p99": gate_settings.thresholds.max_p99_regression_pct}
+    limits["throughput"] = gate_settings.thresholds.max_throughput_regression_pct
+    for name, needed in budgets(found, gate_settings).items():
+        decided = f"in about {needed:.0f} s" if needed else "in no budget"
+        console.print(f"  the {name} limit of {limits[name]:g}% is decided {decided}", highlight=False)
     console.print(f"recorded in {found.uri}", highlight=False)
