@@ -24,7 +24,7 @@ from components.model.model_config import ModelConfig
 from components.release import gate_stats
 from components.release.gate_turn import gate_turn
 from components.release.results import GateCalibration
-from components.release.stage import CandidateVersion, load_stable, read_candidate
+from components.release.stage import CandidateVersion, load_candidate, load_stable, read_candidate
 from components.repository import ModelRepository, candidate_name, lease_owner
 from components.s3 import S3Settings
 from components.serving import perf
@@ -155,11 +155,7 @@ def _measure(
 ) -> GateCalibration:
     name, version = candidate_name(candidate.model), candidate.version
     setup_started = time.monotonic()
-    for member in candidate.member_candidate_configs():
-        admin.load(member.name, member)
-        admin.wait_ready(member.name, version)
-    admin.load(name, candidate.candidate_config())
-    admin.wait_ready(name, version)
+    load_candidate(admin, candidate)
     try:
         load_stable(admin, repo, candidate.model, desired)
         targets = [perf.Target(name, str(version)), perf.Target(candidate.model, str(version))]

@@ -113,6 +113,16 @@ def served_accuracy(
     ]
 
 
+def load_candidate(admin: TritonAdmin, candidate: CandidateVersion) -> None:
+    """Load the candidate dark on the gate server under its own name, an ensemble's members first. Raises
+    TritonError."""
+    for member in candidate.member_candidate_configs():
+        admin.load(member.name, member)
+        admin.wait_ready(member.name, candidate.version)
+    admin.load(candidate_name(candidate.model), candidate.candidate_config())
+    admin.wait_ready(candidate_name(candidate.model), candidate.version)
+
+
 def load_stable(admin: TritonAdmin, repo: ModelRepository, model: str, desired: model_config.ModelConfig) -> float:
     """Load the stable version (an ensemble's stable members first) on the gate beside the candidate, as
     production's desired state has it; the seconds it took. Raises TritonError."""
@@ -147,11 +157,7 @@ def stage(
         gate.ensure_live()  # an unreachable gate is an error of the step, not a verdict on the model
         started = time.monotonic()
         try:
-            for member in candidate.member_candidate_configs():  # an ensemble's members first, dark as well
-                gate.load(member.name, member)
-                gate.wait_ready(member.name, version)
-            gate.load(name, candidate.candidate_config())
-            gate.wait_ready(name, version)
+            load_candidate(gate, candidate)
         except TritonUnreachable:
             load_error = _went_down(gate, "loading")
         except TritonError as exc:
