@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.model import model_config
 from components.release.gate import gate
+from components.release.gate_calibration import budgets, calibrate
 from components.release.promote import unload_candidate
 from components.release.publish import publish
 from components.release.stage import stage
@@ -71,26 +72,41 @@ def gpu_model(tmp_path: Path) -> Path:
     return compiled
 
 
+def demo_model(tmp_path: Path) -> Path:
+    """The demo's trained BERT4Rec (v2's architecture and seed-1 weights, as `tritonship demo` trains it), compiled to
+    fp32 TorchScript for Triton's PyTorch backend on the CPU."""
+    from pipelines.samples import bert4rec
+    from pipelines.samples.bert4rec import training
+    from pipelines.samples.bert4rec.build import compiled_folder
+
+    training.save_checkpoint(training.train(1), tmp_path / "seed1.pt")
+    (tmp_path / "demo").mkdir()
+    return compiled_folder(
+        "demo_v2", bert4rec.DYNAMIC_SIGNATURE, tmp_path / "demo" / MODEL, checkpoint=tmp_path / "seed1.pt"
+    )
+
+
 def model_folder(
     tmp_path: Path,
     label: str,
     delay_us: float,
-    gpu_base: Path | None,
+    base: Path | None,
     per_iteration_us: float | None = None,
     name: str = MODEL,
 ) -> Path:
-    """The stable (delay 0) or a candidate: the MLP, or with `gpu_base` that compiled GPU model."""
+    """The stable (delay 0) or a candidate: the MLP, or with `base` that compiled model (the GPU or the demo one)."""
     (tmp_path / label).mkdir()
-    if gpu_base is None:
+    if base is None:
         return mlp_folder(tmp_path / label, name, delay_us=delay_us, per_iteration_us=per_iteration_us)
-    folder = shutil.copytree(gpu_base, tmp_path / label / name)
+    folder = shutil.copytree(base, tmp_path / label / name)
     if name != MODEL:  # the probe: its config names it as its folder does, or Triton cannot poll it
         config = model_config.parse_pbtxt((folder / "config.pbtxt").read_text())
         (folder / "config.pbtxt").write_text(model_config.to_pbtxt(model_config.renamed(config, name)))
     if delay_us:
         import torch
 
-        compiled = torch.jit.load(str(folder / "1" / "model.pt"), map_location="cuda")
+        device = "cuda" if "KIND_GPU" in (folder / "config.pbtxt").read_text() else "cpu"
+        compiled = torch.jit.load(str(folder / "1" / "model.pt"), map_location=device)
         latency_injection.with_busy_work(compiled, delay_us, per_iteration_us).save(str(folder / "1" / "model.pt"))
     return folder
 
@@ -164,6 +180,13 @@ def main() -> None:
     parser.add_argument("--limit-pct", type=float, help="both relative limits (p99 growth, throughput loss), percent")
     parser.add_argument("--gpu", action="store_true", help="gate the users' BERT4Rec, fp16 on the GPU")
     parser.add_argument("--busy", type=int, default=0, help="processes that keep a CPU busy during every decision")
+    parser.add_argument("--demo-model", action="store_true", help="gate the demo's trained BERT4Rec (CPU TorchScript)")
+    parser.add_argument(
+        "--calibrate", type=int, default=0, help="first calibrate the gate (tritonship calibrate) with this many rounds"
+    )
+    parser.add_argument(
+        "--max-calibrated-budget-s", type=float, help="let the gate take the budget its calibration asks, up to this"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gate_quality.json")
     args = parser.parse_args()
     limits = (
@@ -171,13 +194,15 @@ def main() -> None:
         if args.limit_pct is None
         else dict.fromkeys(("max_p99_regression_pct", "max_throughput_regression_pct"), args.limit_pct)
     )
+    if args.max_calibrated_budget_s is not None:
+        limits["max_calibrated_budget_s"] = args.max_calibrated_budget_s
     gate_settings = GateSettings.from_flat(**limits)
     results = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=2, gate=True) as stack:
         tmp_path = Path(tmp)
         repo_uri = f"s3://{stack.bucket}"
         repo = ModelRepository(repo_uri, stack.s3)
-        gpu_base = gpu_model(tmp_path) if args.gpu else None
+        gpu_base = gpu_model(tmp_path) if args.gpu else demo_model(tmp_path) if args.demo_model else None
         stable = model_folder(tmp_path, "stable", 0, gpu_base)
         version = publish(stable, repo_uri, s3=stack.s3).version
         repo.copy_to_production(MODEL, version)
@@ -204,6 +229,10 @@ def main() -> None:
         outputs = [k[4:] for k in golden if k.startswith("out:")]
         urls = [s.http_url for s in stack.replicas]
         with LiveTraffic(urls, MODEL, request, outputs) as client, busy_cpus(args.busy):
+            if args.calibrate:
+                found = calibrate(repo_uri, MODEL, stack.gate.http_url, gate_settings, args.calibrate, s3=stack.s3)
+                stable_us["calibration"] = found.to_dict() | {"budgets_s": budgets(found, gate_settings)}
+                print(f"calibration: {stable_us['calibration']}", flush=True)
             for design in args.designs.split(","):
                 plan = args.injections if design == "duet" else args.alternating_injections
                 settings = dataclasses.replace(gate_settings, design=design)
@@ -230,6 +259,7 @@ def main() -> None:
                                 "seconds": seconds[-1],
                                 "rounds": result.rounds,
                                 "stopped": result.stopped,
+                                "budget_s": result.settings.get("budget_s"),
                                 "reasons": result.reasons,
                                 "effects": [e.to_dict() for e in result.effects],
                                 "round_p99_log_ratios": round_log_ratios(result),
@@ -301,6 +331,7 @@ def write(
         "stable_median_us": stable_us["median"],
         "stable_p99_us": stable_us["p99"],
         "busy_iteration_us": stable_us.get("busy_iteration_us"),
+        "calibration": stable_us.get("calibration"),
         "injections_sized_by": f"{args.base_us:g} us" if args.base_us else args.size_by,
         "gate_settings": dataclasses.asdict(gate_settings),
         "arguments": vars(args) | {"out": str(out)},

@@ -1,6 +1,7 @@
 """How often the quality check decides right on this machine, for the demo's trained BERT4Rec, and what it costs.
 
-    .venv/bin/python -m benchmarks.quality_gate --pairs 20 --rows 10000 --out benchmarks/results/quality_gate.json
+    .venv/bin/python -m benchmarks.quality_gate --pairs 20 --calibration-retrains 8 --rows 10000 \
+        --out benchmarks/results/quality_gate.json
 
 Models: `DemoRecommender`s trained (pipelines/samples/bert4rec/training.py) on the same synthetic sessions with
 seeds 0..pairs, each compiled to TorchScript and served by Triton's PyTorch backend on the embedded stack's gate.
@@ -11,7 +12,10 @@ seeds 0..pairs, each compiled to TorchScript and served by Triton's PyTorch back
 Each decision is the quality step as a release runs it: candidate staged, stable loaded beside it, `--rows`
 held-out sessions through both, judged by two specs (SPECS): hit rate@10 alone, and hit rate@10 and NDCG@10, each at
 the default limit (a drop of 2% of stable's value).
-Then the time the check adds to a release, at 10,000 and 100,000 rows. Results go into the JSON as they come.
+Then the same pairs again after a quality calibration (`tritonship calibrate quality`,
+components/release/quality_calibration.py) on `--calibration-retrains` more models (seeds 100, 101, ...), which gives
+each metric its retrain-to-retrain limit. Then the time the check adds to a release, at 10,000 and 100,000 rows.
+Results go into the JSON as they come.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from torch import nn
 from components.release.promote import reject
 from components.release.publish import publish
 from components.release.quality import quality
+from components.release.quality_calibration import calibrate_quality
 from components.release.quality_spec import QualitySpec
 from components.release.stage import stage
 from pipelines.samples import bert4rec
@@ -95,12 +100,14 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=20)
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--cost-rows", type=int, nargs="*", default=[10_000, 100_000])
+    parser.add_argument("--calibration-retrains", type=int, default=8, help="models the quality calibration measures")
+    parser.add_argument("--calibration-seed", type=int, default=100, help="the first of their seeds")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/quality_gate.json"))
     args = parser.parse_args()
     report: dict = {"command": " ".join(["python -m benchmarks.quality_gate", *__import__("sys").argv[1:]])}
     report |= {"rows": args.rows, "drop_share": DROP_SHARE}
     report |= {"specs": {n: s.model_dump(exclude_defaults=True) for n, s in SPECS.items()}}
-    report |= {"trained": [], "aa": [], "degraded": [], "cost": []}
+    report |= {"trained": [], "aa": [], "degraded": [], "aa_calibrated": [], "degraded_calibrated": [], "cost": []}
     save = lambda: args.out.write_text(json.dumps(report, indent=1))  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="tritonship-quality-bench-") as tmp, EmbeddedStack(2, gate=True) as stack:
         work = Path(tmp)
@@ -109,8 +116,9 @@ def main() -> None:
             training.write_eval({k: v[:rows] for k, v in held_out.items()}, work / f"eval-{rows}.parquet")
             stack.s3.client().upload_file(str(work / f"eval-{rows}.parquet"), stack.bucket, f"eval/{rows}.parquet")
         data = lambda rows: f"s3://{stack.bucket}/eval/{rows}.parquet"  # noqa: E731
-        folders, degraded = [], []
-        for seed in range(args.pairs + 1):
+        folders, degraded, calibration_folders = [], [], []
+        calibration_seeds = range(args.calibration_seed, args.calibration_seed + args.calibration_retrains)
+        for seed in [*range(args.pairs + 1), *calibration_seeds]:
             started = time.monotonic()
             model = training.train(seed)
             checkpoint = work / f"seed{seed}.pt"
@@ -119,28 +127,42 @@ def main() -> None:
                 {"seed": seed, "seconds": round(time.monotonic() - started, 1),
                  "hit_rate_eager": training.hit_rate_at_10(model, {k: v[:2000] for k, v in held_out.items()})}
             )  # fmt: skip
-            folders.append(_folder(work, checkpoint, f"seed{seed}", False))
+            (calibration_folders if seed in calibration_seeds else folders).append(
+                _folder(work, checkpoint, f"seed{seed}", False)
+            )
             if seed < args.pairs:
                 wrapped = Degraded(bert4rec.LongHistoryCost(model))
                 torch.save(wrapped.state_dict(), work / f"degraded{seed}.pt")
                 degraded.append(_folder(work, work / f"degraded{seed}.pt", f"degraded{seed}", True))
             save()
-        for i in range(args.pairs):
-            report["aa"].append(_decide(stack, folders[i], folders[i + 1], data(args.rows)) | {"seeds": [i, i + 1]})
-            report["degraded"].append(_decide(stack, folders[i], degraded[i], data(args.rows)) | {"seeds": [i, i]})
-            save()
-            print(f"pair {i}: A/A {report['aa'][-1]['hit_rate']}, degraded {report['degraded'][-1]['hit_rate']}")
+        for suffix in ("", "_calibrated"):
+            if suffix:
+                versions = [publish(f, repository(stack), s3=stack.s3).version for f in calibration_folders]
+                found = calibrate_quality(
+                    repository(stack), MODEL, versions, stack.gate.http_url, data(args.rows), SPECS["hit_rate_and_ndcg"],
+                    s3=stack.s3,
+                )  # fmt: skip
+                report["calibration"] = found.to_dict() | {"seeds": list(calibration_seeds)}
+                print(f"calibrated: { ({k: v.max_drop_pct for k, v in found.metrics.items()}) }")
+            for i in range(args.pairs):
+                aa = _decide(stack, folders[i], folders[i + 1], data(args.rows)) | {"seeds": [i, i + 1]}
+                worse = _decide(stack, folders[i], degraded[i], data(args.rows)) | {"seeds": [i, i]}
+                report["aa" + suffix].append(aa)
+                report["degraded" + suffix].append(worse)
+                save()
+                print(f"pair {i}{suffix}: A/A {aa['hit_rate_and_ndcg']}, degraded {worse['hit_rate_and_ndcg']}")
         for rows in args.cost_rows:
             report["cost"].append(_decide(stack, folders[0], folders[1], data(rows)) | {"rows": rows})
             save()
     count = lambda key, spec, what: sum(d[spec]["decision"] == what for d in report[key])  # noqa: E731
     report["summary"] = {
-        spec: {
-            "aa_false_fail": f"{count('aa', spec, 'fail')} of {len(report['aa'])}",
-            "aa_inconclusive": count("aa", spec, "inconclusive"),
-            "degraded_caught": f"{count('degraded', spec, 'fail')} of {len(report['degraded'])}",
+        spec + suffix: {
+            "aa_false_fail": f"{count('aa' + suffix, spec, 'fail')} of {len(report['aa' + suffix])}",
+            "aa_inconclusive": count("aa" + suffix, spec, "inconclusive"),
+            "degraded_caught": f"{count('degraded' + suffix, spec, 'fail')} of {len(report['degraded' + suffix])}",
         }
         for spec in SPECS
+        for suffix in ("", "_calibrated")
     }
     differences = lambda key: [d["hit_rate@10"]["difference"] * 100 for d in report[key]]  # noqa: E731
     report["summary"] |= {

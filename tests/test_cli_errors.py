@@ -110,7 +110,12 @@ CASES = [
         "does not see {unmounted_model}__candidate",
     ),
     (["tune"], ["-r", "{repo}", "-m", "m", "--version", "1", "--gate", "{closed}", "--out", "{out}"], "m"),
-    (["calibrate"], ["-r", "{repo}", "-m", "m", "--gate", "{gate}"], "'m' has no promoted version"),
+    (["calibrate", "gate"], ["-r", "{repo}", "-m", "m", "--gate", "{gate}"], "'m' has no promoted version"),
+    (
+        ["calibrate", "quality"],
+        ["-r", "{repo}", "-m", "m", "--gate", "{gate}", "--versions", "1,2", "--eval-data", "{missing}"],
+        "without --quality-spec",
+    ),
     (
         ["gate"],
         [

@@ -22,6 +22,7 @@ touched: nothing is recorded as a verdict, and the pipeline's run fails.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -38,7 +39,7 @@ from components.release.gate_stats import Effect, judge
 from components.release.gate_turn import gate_turn
 from components.release.quality_metrics import Estimate, Metric, QualityError
 from components.release.quality_spec import MetricSpec, QualitySpec, spec_outputs
-from components.release.results import QualityResult
+from components.release.results import QualityCalibration, QualityResult
 from components.release.stage import CandidateVersion, load_stable, read_candidate
 from components.repository import ModelRepository, candidate_name, lease_owner
 from components.s3 import S3Settings
@@ -46,6 +47,7 @@ from components.serving.triton_admin import TritonAdmin, TritonError
 from components.settings import (
     DEFAULT_CONFIDENCE,
     DEFAULT_QUALITY_CHUNK_ROWS,
+    DEFAULT_QUALITY_MAX_DROP_PCT,
     DEFAULT_QUALITY_REQUESTS_IN_FLIGHT,
 )
 
@@ -78,6 +80,10 @@ def quality(
     result = QualityResult(
         model, version, stable_version, "inconclusive", [], eval_data, confidence=confidence, spec=spec.model_dump()
     )
+    record = repo.quality_calibration(model)
+    calibrated = calibrated_limits(spec, record)
+    if calibrated:
+        result.calibration = QualityCalibration.from_json(json.dumps(record))
     with open_eval_data(eval_data, s3) as data:
         check(data, candidate, spec, chunk_rows)
         result.rows = data.rows
@@ -106,7 +112,7 @@ def quality(
             finally:
                 if desired is not None:
                     admin.unload_with_members(model)
-    decide(result, metrics, rows, slices, confidence)
+    decide(result, metrics, rows, slices, confidence, calibrated)
     result.seconds = round(time.monotonic() - started, 3)
     repo.record(
         model,
@@ -192,14 +198,30 @@ def measure(
     return values, (np.concatenate(slices) if slices else None)  # type: ignore[return-value]
 
 
+def calibrated_limits(spec: QualitySpec, record: dict[str, Any] | None) -> dict[str, float]:
+    """For each metric of `spec` without a limit of its own that the quality calibration `record` measured
+    (components/release/quality_calibration.py), the drop it may take (percent): the calibrated one where it is
+    wider than the default."""
+    if not record:
+        return {}
+    measured = QualityCalibration.from_json(json.dumps(record)).metrics
+    return {
+        m.label_text: max(DEFAULT_QUALITY_MAX_DROP_PCT, measured[m.label_text].max_drop_pct)
+        for m in spec.metrics
+        if not m.has_limits and m.label_text in measured
+    }
+
+
 def decide(
     result: QualityResult,
     metrics: list[Metric],
     values: list[list[np.ndarray]],
     slices: np.ndarray | None,
     confidence: float,
+    calibrated: dict[str, float] | None = None,
 ) -> None:
-    """Each metric's figures overall and per slice, its limits' effects, and the decision."""
+    """Each metric's figures overall and per slice, its limits' effects (a metric in `calibrated` judged by that
+    drop), and the decision."""
     effects: list[tuple[Effect, int | None]] = []
     groups: list[tuple[str, np.ndarray | None]] = [("", None)]
     if slices is not None:
@@ -217,7 +239,9 @@ def decide(
                 continue
             result.metrics.append(_figures(metric.spec, label, estimate, confidence))
             if mask is None or metric.spec.per_slice:
-                effects += _effects(metric.spec, label, estimate, confidence)
+                effects += _effects(
+                    metric.spec, label, estimate, confidence, (calibrated or {}).get(metric.spec.label_text)
+                )
     result.effects = [{**e.to_dict(), "more_rows": more} for e, more in effects]
     judged = [e for e, _ in effects]
     if not judged:
@@ -263,7 +287,9 @@ def _figures(spec: MetricSpec, label: str, estimate: Estimate, confidence: float
     return figures
 
 
-def _effects(spec: MetricSpec, label: str, estimate: Estimate, confidence: float) -> list[tuple[Effect, int | None]]:
+def _effects(
+    spec: MetricSpec, label: str, estimate: Estimate, confidence: float, calibrated_pct: float | None
+) -> list[tuple[Effect, int | None]]:
     name = spec.label_text + (f" [{label}]" if label else "")
     worse_high = not spec.better_high
     sign = 1 if worse_high else -1  # a drop's direction in candidate - stable
@@ -278,8 +304,9 @@ def _effects(spec: MetricSpec, label: str, estimate: Estimate, confidence: float
         add(name, *estimate.own(), spec.absolute_limit, "")
     if estimate.stable is not None and spec.max_drop is not None:
         add(f"{name} change", *estimate.difference(), sign * spec.max_drop, "")
-    if estimate.stable is not None and spec.relative_limit_pct is not None:
-        add(f"{name} change", *estimate.relative(), sign * spec.relative_limit_pct / 100, "%")
+    relative_pct = calibrated_pct or spec.relative_limit_pct
+    if estimate.stable is not None and relative_pct is not None:
+        add(f"{name} change", *estimate.relative(), sign * relative_pct / 100, "%")
     return found
 
 

@@ -60,6 +60,18 @@ def _unsaid(result: QualityResult, said: Sequence[str]) -> tuple[list[str], list
     return reasons, more
 
 
+def calibration_note(result: QualityResult) -> str:
+    """Where metrics without limits of their own took theirs from, when a quality calibration gave them."""
+    found = result.calibration
+    if found is None:
+        return ""
+    drops = ", ".join(f"{name} {v.max_drop_pct:g}%" for name, v in found.metrics.items())
+    return (
+        f" Metrics without limits of their own may drop as much as {len(found.versions)} retrains of the model "
+        f"differ (quality calibration of {found.recorded or 'earlier'}; the default where it is wider): {drops}."
+    )
+
+
 def markdown_lines(result: QualityResult, said: Sequence[str] = ()) -> list[str]:
     stable = f"v{result.stable_version}" if result.stable_version is not None else "none (first release)"
     reasons, more = _unsaid(result, said)
@@ -67,7 +79,7 @@ def markdown_lines(result: QualityResult, said: Sequence[str] = ()) -> list[str]
         f"## Quality: **{result.decision.upper()}**",
         "",
         f"{result.rows:,} labelled rows of {result.eval_data}, sent to the candidate and to stable ({stable}) on the "
-        f"gate; intervals at {result.confidence:.0%}; {result.seconds:.1f} s.",
+        f"gate; intervals at {result.confidence:.0%}; {result.seconds:.1f} s.{calibration_note(result)}",
         "",
         *[f"- {reason}" for reason in reasons],
         "",
@@ -89,7 +101,7 @@ def html_section(result: QualityResult, image: str, said: Sequence[str] = ()) ->
     return (
         f"<h2>Quality: <span style='color:{colour}'>{result.decision.upper()}</span></h2>"
         f"<p>{result.rows:,} labelled rows of {html.escape(result.eval_data)}; intervals at "
-        f"{result.confidence:.0%}.</p><ul>{listed}</ul>{image}<table><tr>{header}</tr>{table}</table>"
+        f"{result.confidence:.0%}.{html.escape(calibration_note(result))}</p><ul>{listed}</ul>{image}<table><tr>{header}</tr>{table}</table>"
     )
 
 

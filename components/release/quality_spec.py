@@ -114,11 +114,13 @@ class MetricSpec(BaseModel):
         return self.labels if self.is_user else [self.label]
 
     @property
+    def has_limits(self) -> bool:
+        return not (self.max_drop_pct is None and self.max_drop is None and self.floor is None and self.ceiling is None)
+
+    @property
     def relative_limit_pct(self) -> float | None:
         """max_drop_pct, or the default when no limit at all is set."""
-        if self.max_drop_pct is None and self.max_drop is None and self.floor is None and self.ceiling is None:
-            return DEFAULT_QUALITY_MAX_DROP_PCT
-        return self.max_drop_pct
+        return self.max_drop_pct if self.has_limits else DEFAULT_QUALITY_MAX_DROP_PCT
 
     @property
     def absolute_limit(self) -> float | None:

@@ -77,7 +77,7 @@ def _build(kind: Any, value: Any, where: str) -> Any:
     if origin is dict or kind is dict:
         if not isinstance(value, dict):
             raise ValueError(f"{where} is not an object")
-        return value
+        return {k: _build(args[1], v, f"{where}.{k}") for k, v in value.items()} if args else value
     if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
@@ -188,6 +188,30 @@ class TuneResult(Result):
 
 # ----------------------------------------------------------------------------------------- quality
 @dataclass
+class MetricVariation(Result):
+    """One metric across equally good retrains: each one's value, their spread and the drop it allows."""
+
+    values: list[float]  # each retrain's value on the whole evaluation set, in the order of its versions
+    sd_pct: float  # the values' standard deviation, percent of their mean
+    interval_half_pct: float  # the quality step's interval half-width for one pair of them, percent (median)
+    max_drop_pct: float  # the drop an equally good retrain stays within (quality_calibration.py)
+
+
+@dataclass
+class QualityCalibration(Result):
+    """How much each metric of a spec moves between retrains of a model on the user's data
+    (components/release/quality_calibration.py): the limits a metric without its own then gets."""
+
+    model: str
+    versions: list[int]  # the retrains measured, published versions of the model
+    eval_data: str = ""
+    rows: int = 0
+    metrics: dict[str, MetricVariation] = field(default_factory=dict)  # by the metric's report name
+    recorded: str = ""  # when S3 took it (UTC)
+    uri: str = ""
+
+
+@dataclass
 class QualityResult(Result):
     """The quality check's decision and its evidence: each metric for both versions over the labelled rows, overall
     and per slice, with the paired difference's interval, and every limit's effect (components/release/quality.py)."""
@@ -206,6 +230,7 @@ class QualityResult(Result):
     seconds: float = 0.0
     stable_load_seconds: float = 0.0
     gate_wait_s: float = 0.0  # waited for the gate server while other releases measured there (gate_turn.py)
+    calibration: QualityCalibration | None = None  # where metrics without limits took theirs from, if calibrated
 
 
 # -------------------------------------------------------------------------------------------- gate

@@ -262,7 +262,8 @@ COMMANDS: dict[tuple[str, ...], type[StepSettings]] = {
     ("tune",): TuneSettings,
     ("quality",): QualitySettings,
     ("gate",): GateSettings,
-    ("calibrate",): GateSettings,  # measured as the gate measures
+    ("calibrate", "gate"): GateSettings,  # measured as the gate measures
+    ("calibrate", "quality"): QualitySettings,  # measured as the quality step measures
     ("promote",): PromoteSettings,
     ("repo", "gc"): RepoGcSettings,
     ("lease", "release"): LeaseReleaseSettings,

@@ -1,4 +1,5 @@
-"""`tritonship calibrate`: the gate server's noise for a model, measured and recorded in S3."""
+"""`tritonship calibrate gate|quality`: what an equally good candidate looks like, measured and recorded in S3 (the
+gate server's noise for a model; how much a model's metrics move between retrains)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from components.release.quality_spec import QualitySettings
 from components.settings import DEFAULT_CALIBRATION_ROUNDS, GateSettings
 from pipelines.cli.common import (
     EndpointOption,
@@ -20,11 +22,16 @@ from pipelines.cli.common import (
     step_options,
 )
 
+calibrate_app = typer.Typer(
+    no_args_is_help=True, help="Measure what an equally good candidate looks like; the gate and quality step read it."
+)
+app.add_typer(calibrate_app, name="calibrate")
 
-@app.command("calibrate")
+
+@calibrate_app.command("gate")
 @friendly_errors
 @step_options(GateSettings)
-def calibrate_cmd(
+def calibrate_gate_cmd(
     repository: RepositoryOption,
     model: ModelOption,
     gate: GateOption,
@@ -54,4 +61,49 @@ def calibrate_cmd(
     for name, needed in budgets(found, gate_settings).items():
         decided = f"in about {needed:.0f} s" if needed else "in no budget"
         console.print(f"  the {name} limit of {limits[name]:g}% is decided {decided}", highlight=False)
+    console.print(f"recorded in {found.uri}", highlight=False)
+
+
+@calibrate_app.command("quality")
+@friendly_errors
+@step_options(QualitySettings)
+def calibrate_quality_cmd(
+    repository: RepositoryOption,
+    model: ModelOption,
+    gate: GateOption,
+    versions: Annotated[
+        str, typer.Option(help="published retrains of the model, equally good (other seeds): comma-separated versions")
+    ],
+    chosen: QualitySettings,
+    s3_endpoint: EndpointOption = None,
+) -> None:
+    """Measure how much each metric of the quality spec moves between retrains of the model on the labelled data,
+    and record it in S3; the quality step then lets a metric without limits of its own drop that much."""
+    from components.errors import TritonshipError
+    from components.release.quality_calibration import MIN_RETRAINS, calibrate_quality
+
+    if not chosen.enabled:
+        raise TritonshipError("give --eval-data (labelled rows) and --quality-spec (the metrics to calibrate).")
+    try:
+        numbers = [int(v) for v in versions.split(",") if v.strip()]
+    except ValueError:
+        raise TritonshipError(f"--versions takes version numbers separated by commas, not {versions!r}.") from None
+    with console.status(f"sending the labelled rows through {len(numbers)} retrains of {model} on the gate server"):
+        found = calibrate_quality(
+            repository, model, numbers, one_server(gate), chosen.eval_data, chosen.spec, s3_settings(s3_endpoint)
+        )
+    console.print(
+        f"{model}: {len(found.versions)} retrains (v{', v'.join(map(str, found.versions))}) on {found.rows:,} rows",
+        highlight=False,
+    )
+    for name, v in found.metrics.items():
+        console.print(
+            f"  {name}: values {', '.join(f'{x:.4f}' for x in v.values)}; spread {v.sd_pct:.2f}% of its mean; an "
+            f"equally good retrain stays within a drop of {v.max_drop_pct:g}%",
+            highlight=False,
+        )
+    if len(found.versions) < 2 * MIN_RETRAINS:
+        console.print(
+            f"  (with fewer than {2 * MIN_RETRAINS} retrains the limits are wide: measure more to tighten them)"
+        )
     console.print(f"recorded in {found.uri}", highlight=False)
