@@ -111,11 +111,11 @@ def model_folder(
     return folder
 
 
-def stable_latency_us(stack: EmbeddedStack, folder: Path) -> dict[str, float]:
+def stable_latency_us(stack: EmbeddedStack, folder: Path, name: str = MODEL) -> dict[str, float]:
     """The stable's median and p99 latency at the gate's load, each the median over three runs."""
     golden = dict(np.load(folder / "1" / "golden.npz"))
     data = perf.write_input_data({k[3:]: v for k, v in golden.items() if k.startswith("in:")}, folder / "in.json", True)
-    runs = [r for r in (perf.measure(stack.gate.http_url, MODEL, data, GateSettings().load) for _ in range(3)) if r.ok]
+    runs = [r for r in (perf.measure(stack.gate.http_url, name, data, GateSettings().load) for _ in range(3)) if r.ok]
     return {
         "median": statistics.median(float(np.median(r.latencies_us)) for r in runs),
         "p99": statistics.median(float(np.percentile(r.latencies_us, 99)) for r in runs),
@@ -125,17 +125,17 @@ def stable_latency_us(stack: EmbeddedStack, folder: Path) -> dict[str, float]:
 PROBE_US = 1000  # the probe's busy work, sized in this process
 
 
-def served_iteration_us(stack: EmbeddedStack, tmp_path: Path, gpu_base: Path | None) -> float:
+def served_iteration_us(stack: EmbeddedStack, tmp_path: Path, gpu_base: Path | None, stable: str = MODEL) -> float:
     """What one busy-work iteration costs in the gate server at the gate's load (loaded beside the stable, as a
     candidate is): a probe with PROBE_US of work sized here, measured in turns with the stable 3 times; the
     difference of their median latencies over its iterations. A server's loop runs slower than this
     process's idle one, and a candidate must add what its injection says, not what an idle core would take."""
-    probe_name = f"{MODEL}_probe"
+    probe_name = f"{stable}_probe"
     probe = model_folder(tmp_path, "probe", PROBE_US, gpu_base, name=probe_name)
     upload_folder(stack.s3.client(), stack.bucket, probe, f"{PRODUCTION_PREFIX}/{probe_name}")
     golden = dict(np.load(probe / "1" / "golden.npz"))
     data = perf.write_input_data({k[3:]: v for k, v in golden.items() if k.startswith("in:")}, probe / "in.json", True)
-    medians: dict[str, list[float]] = {MODEL: [], probe_name: []}
+    medians: dict[str, list[float]] = {stable: [], probe_name: []}
     with TritonAdmin(stack.gate.http_url) as admin:
         admin.load(probe_name)
         for _ in range(3):
@@ -144,7 +144,7 @@ def served_iteration_us(stack: EmbeddedStack, tmp_path: Path, gpu_base: Path | N
                 if result.ok:
                     runs.append(float(np.median(result.latencies_us)))
         admin.unload(probe_name)
-    added_us = statistics.median(medians[probe_name]) - statistics.median(medians[MODEL])
+    added_us = statistics.median(medians[probe_name]) - statistics.median(medians[stable])
     return added_us / round(PROBE_US / latency_injection.iteration_us())
 
 

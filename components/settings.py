@@ -180,10 +180,19 @@ class GateSettings(StepSettings):
     max_calibrated_budget_s: Annotated[
         Off,
         setting(
-            "where this gate server's calibration (tritonship calibrate) says the limits need a longer budget, take "
+            "where this gate server's calibration (tritonship calibrate gate) says the limits need a longer budget, take "
             "it, up to this many seconds; 0 is off: such limits are inconclusive up front"
         ),
     ] = None
+    calibrate_rounds: Annotated[
+        int,
+        setting(
+            "the pipeline, before staging: measure this many A/A rounds of the stable version on each gate server and "
+            "record them, as `tritonship calibrate gate` does, so the gate reads a current calibration; 0 is off",
+            cli=False,
+            ge=0,
+        ),
+    ] = 0
     # the code's own: perf_analyzer runs per round before the round counts as lost, the intervals' confidence and
     # one perf_analyzer run's time limit
     max_attempts: Annotated[int, Field(ge=1)] = DEFAULT_MAX_ATTEMPTS

@@ -40,22 +40,49 @@ def publish_op(compiled: Input[Model], repository: str, s3_endpoint: str, run_id
     return namedtuple("Published", ["version", "uri"])(result.version, result.uri)
 
 
+@step("gate")
+def calibrate_op(repository: str, model_name: str, gate: str, s3_endpoint: str, run_id: str, settings: dict) -> str:
+    """With calibrate_rounds, each gate server's noise for the model (its stable version against itself), measured
+    and recorded before the candidate is staged; the gate reads it. Returns the calibrations (JSON list)."""
+    import json
+
+    from components.release.gate_calibration import calibrate
+    from components.repository import ModelRepository
+    from components.s3 import S3Settings
+    from components.serving.replicas import resolve
+    from components.settings import GateSettings
+
+    chosen, s3 = GateSettings.from_flat(**settings), S3Settings.from_env(s3_endpoint)
+    if not chosen.calibrate_rounds or ModelRepository(repository, s3).desired_config(model_name)[0] is None:
+        return "[]"  # off, or a first release: no stable version to measure
+    found = [
+        calibrate(repository, model_name, server.url, chosen, chosen.calibrate_rounds, s3, run_id).to_dict()
+        for server in resolve(gate)
+    ]
+    for calibration in found:
+        print(f"{calibration['gate']}: the gate decides limits of {calibration['decidable_pct']} % or more")
+    return json.dumps(found)
+
+
 @step("tools")
 def stage_op(
     repository: str, model_name: str, version: int, gate: str, s3_endpoint: str, run_id: str, settings: dict
 ) -> str:
     """Load the candidate dark on the gate server; check its answers. Returns the stage result (JSON)."""
+    from components.release.gate_turn import free_gate
     from components.release.stage import stage
     from components.release.step_settings import ModelLoadSettings
+    from components.repository import ModelRepository
     from components.s3 import S3Settings
     from components.serving.replicas import resolve
 
+    s3 = S3Settings.from_env(s3_endpoint)
     result = stage(
         repository,
         model_name,
         int(version),
-        resolve(gate)[0].url,
-        s3=S3Settings.from_env(s3_endpoint),
+        free_gate(ModelRepository(repository, s3), resolve(gate)).url,  # of several, measured there to the end
+        s3=s3,
         run_id=run_id,
         load_timeout=ModelLoadSettings.from_flat(**settings).load_timeout_s,
     )
@@ -80,15 +107,15 @@ def tune_op(
     from pathlib import Path
 
     from components.release.gate_report import tuning_markdown
+    from components.release.gate_turn import staged_server
     from components.release.results import StageResult
     from components.release.step_settings import TuneSettings
     from components.release.tune import tune
     from components.s3 import S3Settings
-    from components.serving.replicas import resolve
 
     staged = StageResult.from_json(stage_result)
     tuning = TuneSettings.from_flat(**settings)  # at the gate's load, within its p99 limit (settings_op)
-    server = resolve(gate)[0]  # a k8s:// gate also gives its metrics endpoint: GPU/CPU figures per trial
+    server = staged_server(gate, staged)  # a k8s:// gate also gives its metrics endpoint: GPU/CPU figures per trial
     result = tune(
         repository,
         model_name,
@@ -131,10 +158,9 @@ def quality_op(
     from components.release.quality_spec import QualitySettings
     from components.release.results import StageResult
     from components.s3 import S3Settings
-    from components.serving.replicas import resolve
 
-    chosen = QualitySettings.from_flat(**settings)
-    if not chosen.enabled or not StageResult.from_json(stage_result).accuracy_passed:
+    chosen, staged = QualitySettings.from_flat(**settings), StageResult.from_json(stage_result)
+    if not chosen.enabled or not staged.accuracy_passed:
         Path(report.path).write_text("# Quality: not run\n")
         Path(report_html.path).write_text("<p>Quality: not run</p>")
         return ""
@@ -142,7 +168,7 @@ def quality_op(
         repository,
         model_name,
         int(version),
-        resolve(gate)[0].url,
+        staged.gate_url,
         chosen.eval_data,
         chosen.spec,
         s3=S3Settings.from_env(s3_endpoint),
@@ -214,20 +240,21 @@ def gate_op(
     from pathlib import Path
 
     from components.release.gate import gate as run_gate
+    from components.release.gate_turn import staged_server
     from components.release.results import QualityResult, StageResult, TuneResult
     from components.s3 import S3Settings
-    from components.serving.replicas import resolve
     from components.settings import GateSettings
 
+    staged = StageResult.from_json(stage_result)
     with tempfile.TemporaryDirectory() as tmp:
-        server = resolve(gate)[0]
+        server = staged_server(gate, staged)
         result = run_gate(
             repository,
             model_name,
             int(version),
             server.url,
             GateSettings.from_flat(**settings),
-            StageResult.from_json(stage_result),
+            staged,
             Path(tmp),
             s3=S3Settings.from_env(s3_endpoint),
             run_id=run_id,
@@ -284,7 +311,7 @@ def promote_op(
             int(version),
             resolve(replicas),
             decided.verdict,
-            resolve(gate)[0].url,
+            decided.gate_url or resolve(gate)[0].url,
             settings=TuneResult.from_json(tuning_json).chosen,
             quality=decided.quality.decision if decided.quality else None,
             s3=S3Settings.from_env(s3_endpoint),
@@ -318,7 +345,7 @@ def reject_op(
         int(version),
         decided.verdict,
         decided.reasons,
-        resolve(gate)[0].url,
+        decided.gate_url or resolve(gate)[0].url,
         s3=S3Settings.from_env(s3_endpoint),
         run_id=run_id,
     )
@@ -336,7 +363,8 @@ def finish_release_op(repository: str, model_name: str, gate: str, replicas: str
     from components.serving.replicas import resolve
 
     s3 = S3Settings.from_env(s3_endpoint)
-    unload_candidate(resolve(gate)[0].url, model_name)
+    for server in resolve(gate):  # of several gate servers, the one it staged on
+        unload_candidate(server.url, model_name)
     repo = ModelRepository(repository, s3)
     killed = repo.promotion(model_name)
     if killed and killed.get("run_id") == run_id:

@@ -16,6 +16,7 @@ from kfp.dsl import Input, Model
 from components.release.step_settings import pipeline_parameters
 from components.serving import admin_key
 from pipelines.kfp_components import (
+    calibrate_op,
     finish_release_op,
     gate_op,
     promote_op,
@@ -97,6 +98,18 @@ def release_steps(
             aws_secret_name,
         )
         version = published.outputs["version"]
+        calibrated = _with_secrets(
+            calibrate_op(
+                repository=repository,
+                model_name=model_name,
+                gate=gate,
+                s3_endpoint=s3_endpoint,
+                run_id=run_id,
+                settings=gate_settings,
+            ),
+            aws_secret_name,
+            admin_secret_name,
+        ).after(published)  # the stable version is measured under the name the candidate takes next
         staged = _with_secrets(
             stage_op(
                 repository=repository,
@@ -109,7 +122,7 @@ def release_steps(
             ),
             aws_secret_name,
             admin_secret_name,
-        )
+        ).after(calibrated)
         judged = _with_secrets(
             quality_op(
                 repository=repository,

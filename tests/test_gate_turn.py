@@ -4,12 +4,20 @@ when slept on, and two releases of different models gated at once through the on
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 
+from components.model import model_config
 from components.release.gate_turn import GateBusy, gate_turn
-from components.repository import ModelRepository
+from components.release.promote import unload_candidate
+from components.release.publish import publish
+from components.release.results import StageResult, TuneResult
+from components.release.step_settings import pipeline_settings
+from components.release.tune import default_settings
+from components.repository import ModelRepository, lease_owner
 from components.settings import DEFAULT_GATE_LEASE_S, DEFAULT_GATE_POLL_S
+from pipelines.kfp_components import gate_op, stage_op
 from tests.models import mlp_folder
 from tests.release_helpers import ABSOLUTE_GATE, repository, stage_and_gate, unique
 
@@ -89,3 +97,46 @@ def test_two_models_gated_at_once_take_turns_on_the_one_gate_server(tmp_path, st
     # the second waited out the first's whole measurement (which its lease covered), and the first did not wait
     assert first.gate_wait_s < DEFAULT_GATE_POLL_S and second.gate_wait_s >= first.measurement_seconds
     assert ModelRepository(repository(stack), stack.s3).gate_holder(stack.gate.http_url) is None
+
+
+@pytest.mark.slow
+def test_with_several_gate_servers_each_release_stages_on_a_free_one_and_measures_there(tmp_path, stack):
+    """Two Triton servers of the stack stand for the chart's gate replicas (the production replicas: nothing else
+    loads candidates there); releases are staged through the pipeline's own stage task."""
+    first, second = (s.http_url for s in stack.replicas)
+    gates = f"{first},{second}"
+    names = [unique("gates") for _ in range(3)]
+    repo = ModelRepository(repository(stack), stack.s3)
+
+    def staged_on(name: str, spec: str = gates) -> StageResult:
+        (tmp_path / name).mkdir()
+        version = publish(mlp_folder(tmp_path / name, name), repository(stack), s3=stack.s3).version
+        settings = pipeline_settings({})["load"]
+        return StageResult.from_json(
+            stage_op.python_func(repository(stack), name, version, spec, stack.s3.endpoint_url, "", settings)
+        )
+
+    try:
+        one = staged_on(names[0])
+        assert one.gate_url == first and one.accuracy_passed  # both free: the first
+        two = staged_on(names[1])
+        assert two.gate_url == second  # the first holds a release's candidate
+        repo.acquire_gate(second, "a-release-measuring")
+        try:
+            assert staged_on(names[2], f"127.0.0.1:9,{gates}").gate_url == first  # measuring; unreachable
+        finally:
+            repo.release_gate(second, "a-release-measuring")
+        # the gate step measures where the release staged, whichever server the spec names first
+        artifacts = {k: SimpleNamespace(path=str(tmp_path / k), log_metric=lambda *a: None) for k in ("m", "md", "h")}
+        config = model_config.parse_pbtxt((tmp_path / names[1] / names[1] / "config.pbtxt").read_text())
+        untuned = TuneResult(names[1], two.version, default_settings(config), default_settings(config), None, 0)
+        gated = gate_op.python_func(
+            repository(stack), names[1], two.version, gates, two.to_json(), untuned.to_json(), "", stack.s3.endpoint_url, "",
+            {**pipeline_settings({})["gate"], "window_ms": 250}, artifacts["m"], artifacts["md"], artifacts["h"],
+        )  # fmt: skip
+        assert '"gate_url": "' + second + '"' in gated.verdict_json
+    finally:
+        for name in names:
+            for server in (first, second):
+                unload_candidate(server, name)
+            repo.release_lease(name, lease_owner("", name, 1))

@@ -194,6 +194,7 @@ def gate(
     desired, _ = repo.desired_config(model)
     stable_version = desired.version_policy.specific.versions[0] if desired else None
     result = GateResult(model, version, stable_version, "inconclusive", [], settings=_settings_dict(settings))
+    result.gate_url = gate_url
     result.tuning = json.loads(tuning.to_json()) if tuning is not None else None
     try:
         with gate_turn(repo, gate_url, lease_owner(run_id, model, version)) as waited:

@@ -16,8 +16,12 @@ from contextlib import contextmanager
 from components import log
 from components.clock import Clock, SystemClock
 from components.errors import TritonshipError
+from components.release.results import StageResult
 from components.repository import ModelRepository
 from components.repository.leases import LeaseHeld
+from components.repository.store import CANDIDATE_SUFFIX
+from components.serving.replicas import Replica, resolve
+from components.serving.triton_admin import TritonAdmin
 from components.settings import DEFAULT_GATE_LEASE_S, DEFAULT_GATE_POLL_S, DEFAULT_GATE_WAIT_S
 
 LOG = log.get("gate")
@@ -79,3 +83,28 @@ def gate_turn(
             repo.release_gate(gate_url, owner)
         except TritonshipError as exc:  # it expires by itself
             log.event(LOG, "gate lease not given back", gate=gate_url, owner=owner, error=str(exc))
+
+
+def free_gate(repo: ModelRepository, servers: list[Replica]) -> Replica:
+    """Of several gate servers (the chart's gate replicas), the one a release stages on and measures on to the end:
+    the first that no measurement holds and that has the fewest candidates of other releases loaded dark (each one
+    a release that will measure there). One server is itself; one that cannot be asked counts as busiest."""
+    if len(servers) == 1:
+        return servers[0]
+
+    def load(server: Replica) -> tuple[bool, int]:
+        try:
+            with TritonAdmin(server.url, timeout=10, retries=1) as admin:
+                dark = sum(name.endswith(CANDIDATE_SUFFIX) for name in admin.ready_models())
+        except TritonshipError:
+            return True, 1 << 30
+        return repo.gate_holder(server.url) is not None, dark
+
+    chosen = min(servers, key=load)
+    log.event(LOG, "gate server chosen", gate=chosen.url, of=len(servers))
+    return chosen
+
+
+def staged_server(gate: str, staged: StageResult) -> Replica:
+    """The gate server a release staged on (free_gate's choice), with its metrics endpoint where `gate` names it."""
+    return next((s for s in resolve(gate) if s.url == staged.gate_url), Replica(staged.gate_url, staged.gate_url))

@@ -272,6 +272,7 @@ class Verdict(Result):
     measurement_seconds: float = 0.0
     stable_load_seconds: float = 0.0
     gate_wait_s: float = 0.0  # waited for the gate server while other releases measured there (gate_turn.py)
+    gate_url: str = ""  # the gate server measured on (of several, the one the release staged on)
     calibration: GateCalibration | None = None  # this gate server's recorded noise for the model, if calibrated
     settings: dict[str, Any] = field(default_factory=dict)
     tuning: dict[str, Any] | None = None  # the tune step's result (TuneResult's JSON)
@@ -304,6 +305,7 @@ class GateResult:
     measurement_seconds: float = 0.0
     stable_load_seconds: float = 0.0
     gate_wait_s: float = 0.0
+    gate_url: str = ""
     calibration: GateCalibration | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     tuning: dict[str, Any] | None = None
