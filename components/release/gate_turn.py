@@ -10,6 +10,7 @@ The seconds a step waited are in its result and its reports."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -98,7 +99,8 @@ def free_gate(repo: ModelRepository, servers: list[Replica]) -> Replica:
                 dark = sum(name.endswith(CANDIDATE_SUFFIX) for name in admin.ready_models())
         except TritonshipError:
             return True, 1 << 30
-        return repo.gate_holder(server.url) is not None, dark
+        holder = repo.gate_holder(server.url)
+        return holder is not None and holder["expires"] > time.time(), dark
 
     chosen = min(servers, key=load)
     log.event(LOG, "gate server chosen", gate=chosen.url, of=len(servers))
