@@ -5,6 +5,7 @@ figure said once, and the pipeline's the CLI's."""
 from __future__ import annotations
 
 import html
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,17 +16,15 @@ from components.model.model_config import ServingSettings
 from components.model.parity import OutputParity
 from components.release import gate_report
 from components.release.gate_stats import Effect
-from components.release.results import (
+from components.release.promotion_records import (
     CanaryResult,
-    GateResult,
+    Outcome,
+    Phase,
     PromoteResult,
-    QualityResult,
+    PromotionRecord,
     ReplicaOutcome,
-    StageResult,
-    Trial,
-    TuneResult,
-    Verdict,
 )
+from components.release.results import GateResult, QualityResult, StageResult, Trial, TuneResult, Verdict
 
 
 def test_every_result_reads_back_equal_to_what_was_written():
@@ -44,8 +43,10 @@ def test_every_result_reads_back_equal_to_what_was_written():
         problems=["b did not answer"],
         after_revert=[ReplicaOutcome("a:8000", [2], True), ReplicaOutcome("b:8000", None, False)],
     )
-    for result in (stage, tune, verdict, promotion):
+    record = PromotionRecord("m", 3, Phase.CANARY, 2, "run", ["a:8000", "b:8000"])
+    for result in (stage, tune, verdict, promotion, record):
         assert type(result).from_json(result.to_json()) == result
+    assert promotion.outcome is Outcome.PARTIAL  # neither promoted nor every replica back on v2
     assert '"gain_pct": 50.0' in tune.to_json()  # derived figures are written for readers, ignored when read
 
 
@@ -62,6 +63,24 @@ def test_every_result_reads_back_equal_to_what_was_written():
 def test_a_file_that_is_not_a_verdict_is_refused_with_what_is_wrong(text, message):
     with pytest.raises(ValueError, match=message):
         Verdict.from_json(text)
+
+
+def test_the_promotion_record_reads_what_earlier_releases_wrote_and_writes_the_same_keys():
+    # root/promotions/<model>.json as promote wrote it before the record was typed (the repository adds "updated")
+    earlier = {
+        "model": "m",
+        "phase": "roll",
+        "previous_version": 2,
+        "replicas": ["a:8000", "b:8000"],
+        "run_id": "run",
+        "updated": "2026-12-06T20:00:00.000000Z",
+        "version": 3,
+    }
+    record = PromotionRecord.from_dict(earlier)
+    assert record == PromotionRecord("m", 3, Phase.ROLL, 2, "run", ["a:8000", "b:8000"])
+    assert json.loads(record.to_json()) == {k: v for k, v in earlier.items() if k != "updated"}
+    with pytest.raises(ValueError, match="PromotionRecord.phase is 'bake', not one of 'copy', 'canary', 'roll'"):
+        PromotionRecord.from_dict({**earlier, "phase": "bake"})
 
 
 # ------------------------------------------------------------------------------------------------- the reports
@@ -162,7 +181,7 @@ def test_the_pipelines_canary_report_is_the_clis_with_its_plot(tmp_path, monkeyp
     rejected = PromoteResult("m", 3, 2, ["a:8000", "b:8000"], False, reverted=True, canary=canary)
 
     def reverting_canary(*_args, **_kwargs):
-        raise promote.CanaryRejected("the canary failed on live traffic", rejected)
+        return rejected  # the canary's revert is an outcome, not an error
 
     monkeypatch.setattr(promote, "promote", reverting_canary)
     report, report_html = (SimpleNamespace(path=str(tmp_path / name)) for name in ("report.md", "report.html"))
@@ -181,7 +200,7 @@ def test_the_pipelines_canary_report_is_the_clis_with_its_plot(tmp_path, monkeyp
         report=report,
         report_html=report_html,
     )
-    assert promoted.promoted is False
+    assert promoted.promoted is False and PromoteResult.from_json(promoted.promote_json).outcome is Outcome.REVERTED
     canary_report.write(canary, tmp_path / "cli")  # `tritonship promote --out`
     page = Path(report_html.path).read_text()
     assert page == (tmp_path / "cli" / "report.html").read_text()

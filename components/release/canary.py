@@ -32,12 +32,15 @@ a revert (the default) or a promotion.
 
 A canary replica whose metrics do not answer, that no longer serves the candidate, or whose counters went
 back (it restarted) fails the canary at once with that reason; a stable replica's reset only loses the round.
-`bake` waits through a `Clock` and takes its rounds from a `RoundSource` (by default `_rounds`, reading the
-metrics every `round_s`): tests/test_canary_decisions.py replays recorded rounds on a clock moved by sleeps.
+The canary measures and decides; promote switches its replicas between `Canary.before_switch` and
+`Canary.after_switch`, and `decide` says whether the promotion goes on. A `Canary` waits through a `Clock` and takes
+its rounds from a `RoundSource` (by default `_rounds`, reading the metrics every `round_s`):
+tests/test_canary_decisions.py replays recorded rounds on a clock moved by sleeps.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
@@ -49,7 +52,7 @@ from components.errors import TritonshipError
 from components.release import gate_stats
 from components.release.canary_settings import CanarySettings
 from components.release.cancel import raise_pending
-from components.release.results import CanaryResult
+from components.release.promotion_records import CanaryResult
 from components.serving.live_metrics import Counts, Histogram, MetricsUnavailable, Scrape, scrape
 from components.serving.replicas import Replica
 
@@ -60,10 +63,6 @@ NO_LATENCY_MS = 1e6
 
 class CanaryFault(TritonshipError):
     """The canary cannot be measured: a replica or its metrics endpoint failed."""
-
-
-class CanaryFailed(TritonshipError):
-    """The canary's decision does not let the promotion go on."""
 
 
 @dataclass
@@ -126,50 +125,71 @@ class Watch:
 RoundSource = Callable[[Watch], Iterator[dict]]
 
 
-def bake(
-    watch: Watch,
-    canary: list[Replica],
-    baseline: list[Replica],
-    settings: CanarySettings,
-    switch: Callable[[], None],
-    progress: Progress | None = None,
-    clock: Clock | None = None,
-    rounds: RoundSource | None = None,
-) -> CanaryResult:
-    """Compare the `canary` replicas with the `baseline` ones while all serve the stable version, call `switch`
-    (which loads the candidate on the canary replicas), then measure them until the canary decides. `rounds`
-    gives the rounds' figures (by default from the replicas' metrics, a round every `round_s` of `clock`)."""
-    clock = clock or SystemClock()
+class Canary:
+    """One canary, measured in two periods: `before_switch` compares the `canary` replicas with the `baseline` ones
+    while all serve the stable version; promote then switches the canary replicas, and `after_switch` measures them
+    until the canary decides. `rounds` gives the rounds' figures (by default from the replicas' metrics, a round
+    every `round_s` of `clock`)."""
 
-    def live(versions: Watch) -> Iterator[dict]:
-        return _rounds(versions, canary, baseline, settings, clock)
+    def __init__(
+        self,
+        watch: Watch,
+        canary: list[Replica],
+        baseline: list[Replica],
+        settings: CanarySettings,
+        progress: Progress | None = None,
+        clock: Clock | None = None,
+        rounds: RoundSource | None = None,
+    ) -> None:
+        self.watch, self.settings, self.progress = watch, settings, progress
+        self.clock = clock or SystemClock()
+        self.source = rounds or functools.partial(
+            _rounds, canary=canary, baseline=baseline, settings=settings, clock=self.clock
+        )
+        self.result = CanaryResult(
+            watch.model,
+            watch.candidate,
+            watch.stable,
+            "inconclusive",
+            [],
+            canary_replicas=[r.name for r in canary],
+            baseline_replicas=[r.name for r in baseline],
+            settings=asdict(settings),
+        )
+        self.started = self.clock.now()
+        self.reference: list[tuple[Side, Side]] = []
 
-    source = rounds or live
-    result = CanaryResult(
-        watch.model,
-        watch.candidate,
-        watch.stable,
-        "inconclusive",
-        [],
-        canary_replicas=[r.name for r in canary],
-        baseline_replicas=[r.name for r in baseline],
-        settings=asdict(settings),
-    )
-    started = clock.now()
-    try:
-        reference = _calibrate(source(watch.unswitched()), settings, result, progress, clock)
-        if len(reference) >= settings.min_rounds:
-            switch()
-            _bake(source(watch), settings, reference, result, progress, clock)
-    except CanaryFault as exc:
-        result.decision, result.reasons, result.stopped = "fail", [str(exc)], "the canary could not be measured"
-    result.seconds = clock.now() - started
-    log.event(LOG, "canary decided", model=watch.model, version=watch.candidate, decision=result.decision)
-    return result
+    def before_switch(self) -> bool:
+        """Whether the replicas could be compared (`min_rounds` counted rounds within `max_bake_s`), so that the
+        canary replicas may be switched; if not, the canary has decided (inconclusive, or fail on a fault)."""
+        self.reference = self._period(_calibrate, self.watch.unswitched()) or []
+        if len(self.reference) < self.settings.min_rounds or self.result.decision != "inconclusive":
+            self._decided()
+            return False
+        return True
+
+    def after_switch(self) -> CanaryResult:
+        """Rounds with the canary replicas on the candidate until the canary decides, or `max_bake_s` is spent."""
+        self._period(functools.partial(_bake, reference=self.reference), self.watch)
+        self._decided()
+        return self.result
+
+    def _period(self, measure: Callable[..., list[tuple[Side, Side]] | None], watch: Watch) -> list | None:
+        try:
+            return measure(self.source(watch), self.settings, self.result, self.progress, self.clock)
+        except CanaryFault as exc:
+            self.result.decision, self.result.reasons = "fail", [str(exc)]
+            self.result.stopped = "the canary could not be measured"
+            return None
+
+    def _decided(self) -> None:
+        self.result.seconds = self.clock.now() - self.started
+        decision = self.result.decision
+        log.event(LOG, "canary decided", model=self.watch.model, version=self.watch.candidate, decision=decision)
 
 
 def _rounds(
-    watch: Watch, canary: list[Replica], baseline: list[Replica], settings: CanarySettings, clock: Clock
+    watch: Watch, *, canary: list[Replica], baseline: list[Replica], settings: CanarySettings, clock: Clock
 ) -> Iterator[dict]:
     """Every `round_s` seconds, the round's figures per side; CanaryFault when the canary cannot be measured."""
     before = _read(canary + baseline)
@@ -211,16 +231,16 @@ def _calibrate(
 def _bake(
     rounds: Iterator[dict],
     settings: CanarySettings,
-    reference: list[tuple[Side, Side]],
     result: CanaryResult,
     progress: Progress | None,
     clock: Clock,
+    reference: list[tuple[Side, Side]],
 ) -> None:
     started, counted = clock.now(), []
     for figures in rounds:
+        if not result.rounds:  # a freshly loaded version meets each new input shape for the first time
+            figures = {**figures, "counted": False, "note": "warm-up: the first round after the switch is not counted"}
         result.rounds.append(figures)
-        if len(result.rounds) == 1:  # a freshly loaded version meets each new input shape for the first time
-            figures["counted"], figures["note"] = False, "warm-up: the first round after the switch is not counted"
         if figures["counted"]:
             counted.append((Side(**figures["canary"]), Side(**figures["baseline"])))
         result.counted_rounds = len(counted)
@@ -242,29 +262,17 @@ def _bake(
             return
 
 
-def canary_count(
-    canary: CanarySettings | None, replicas: list[Replica], previous_version: int | None
-) -> tuple[int, str]:
-    """How many replicas the canary switches first (0: none), and why a canary that was asked for cannot run."""
-    if canary is None or not canary.enabled:
-        return 0, ""
-    if previous_version is None:
-        return 0, "a first release: no stable version serves live traffic to compare the canary with"
-    if len(replicas) <= canary.replicas:
-        return 0, (
-            f"{len(replicas)} replica(s) and {canary.replicas} canary replica(s): none would stay on the stable "
-            "version to compare with"
-        )
-    return canary.replicas, ""
-
-
-def decide(found: CanaryResult, settings: CanarySettings) -> None:
-    """Go on after a pass (or an inconclusive canary when the settings say promote); else raise to revert."""
+def decide(found: CanaryResult, settings: CanarySettings) -> bool:
+    """Whether the promotion goes on: after a pass, or an inconclusive canary when the settings say promote."""
     goes_on = found.decision == "pass" or (found.decision == "inconclusive" and settings.on_inconclusive == "promote")
     found.outcome = "promoted" if goes_on else "reverted"
-    if not goes_on:
-        what = "failed on live traffic" if found.decision == "fail" else "was inconclusive"
-        raise CanaryFailed(f"the canary of {found.model} v{found.version} {what}: {'; '.join(found.reasons)}.")
+    return goes_on
+
+
+def why_reverted(found: CanaryResult) -> str:
+    """The canary's decision that reverts a promotion, in one sentence."""
+    what = "failed on live traffic" if found.decision == "fail" else "was inconclusive"
+    return f"the canary of {found.model} v{found.version} {what}: {'; '.join(found.reasons)}."
 
 
 def _read(replicas: list[Replica]) -> dict[str, Scrape]:

@@ -12,7 +12,7 @@ from typing import Any
 from components.release.canary_settings import SUMMARY_WINDOW_S
 from components.release.effect_plot import PLOT_FILE, embedded_image, plot
 from components.release.gate_stats import Effect
-from components.release.results import CanaryResult
+from components.release.promotion_records import CanaryResult
 
 ROUND_HEADER = (
     "round",
