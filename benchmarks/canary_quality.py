@@ -79,8 +79,8 @@ def decide(stack: EmbeddedStack, folder: Path, run_id: str, settings: CanarySett
         "seconds": time.monotonic() - started,
         "effects": canary.effects,
         "reasons": canary.reasons,
-        "calibration": canary.calibration,
-        "rounds": canary.rounds,
+        "calibration": [r.to_dict() for r in canary.calibration],
+        "rounds": [r.to_dict() for r in canary.rounds],
     }
 
 

@@ -95,7 +95,7 @@ def _history(stack: EmbeddedStack, name: str) -> list[dict]:
 
 def _means(canary) -> list[str]:
     """Each round's mean latency (ms) on the canary and the baseline replicas: what a failed assertion shows."""
-    return [f"{r['canary']['mean_ms']}/{r['baseline']['mean_ms']}" for r in canary.calibration + canary.rounds]
+    return [f"{r.canary.mean_ms}/{r.baseline.mean_ms}" for r in canary.calibration + canary.rounds]
 
 
 def _release(stack, tmp_path, candidate: dict, client_hz: float = 40):
@@ -119,11 +119,11 @@ def test_an_equal_candidate_passes_the_canary_and_reaches_every_replica_with_no_
     canary = result.canary
     assert canary.decision == "pass" and canary.outcome == "promoted"
     assert canary.canary_replicas == ["prod-0"] and canary.baseline_replicas == ["prod-1"]
-    assert len(canary.calibration) >= QUICK.min_rounds and all(r["counted"] for r in canary.calibration[-5:])
+    assert len(canary.calibration) >= QUICK.min_rounds and all(r.counted for r in canary.calibration[-5:])
     assert canary.counted_rounds >= QUICK.min_rounds and len(canary.rounds) > canary.counted_rounds
-    assert canary.rounds[0]["note"].startswith("warm-up")
+    assert canary.rounds[0].note.startswith("warm-up")
     assert {e["name"] for e in canary.effects} == {"mean latency", "failed requests"}  # 1 s rounds: p99 reported only
-    assert all(r["canary"]["requests"] >= 20 and r["baseline"]["requests"] >= 20 for r in canary.rounds if r["counted"])
+    assert all(r.canary.requests >= 20 and r.baseline.requests >= 20 for r in canary.rounds if r.counted)
     assert client.failures == [] and client.total > 0
     assert _served(stack, name) == [version, version]
     promoted = next(e for e in _history(stack, name) if e["event"] == "promoted" and e["version"] == version)
@@ -157,7 +157,7 @@ def test_a_candidate_that_fails_some_live_requests_is_reverted(tmp_path, stack):
     assert error and "failed requests" in error, error
     failed = next(e for e in result.canary.effects if e["name"] == "failed requests")
     assert failed["status"] == "beyond" and failed["estimate"] == pytest.approx(1.0)  # every long request failed
-    assert all(r["canary"]["failures"] == r["canary"]["requests"] for r in result.canary.rounds[1:])
+    assert all(r.canary.failures == r.canary.requests for r in result.canary.rounds[1:])
     assert _served(stack, name) == [1, 1]
     # the client saw the canary's failures, and none once prod-0 was back on v1
     assert client.failures and all(stack.replicas[0].http_url in f for f in client.failures)

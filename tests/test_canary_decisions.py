@@ -21,7 +21,7 @@ import pytest
 
 from components.release.canary import Canary, CanaryFault, RoundSource, Watch, decide, why_reverted
 from components.release.canary_settings import SUMMARY_WINDOW_S, CanarySettings
-from components.release.promotion_records import CanaryResult
+from components.release.promotion_records import CanaryResult, CanaryRound
 from components.serving.replicas import Replica
 
 RECORDED = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "canary_quality.json").read_text())
@@ -47,20 +47,20 @@ class FakeClock:
         self.seconds += seconds
 
 
-def as_read(figures: dict) -> dict:
+def as_read(figures: dict) -> CanaryRound:
     """A recorded round as the live source gives it: the canary itself marks the first round after the switch."""
-    figures = deepcopy(figures)
-    if figures["note"].startswith("warm-up"):
-        figures["counted"], figures["note"] = True, ""
-    return figures
+    read = CanaryRound.from_dict(figures)
+    return replace(read, counted=True, note="") if read.note.startswith("warm-up") else read
 
 
-def replay(before: list[dict], after: list[dict], clock: FakeClock, round_s: float, drawn: list[dict]) -> RoundSource:
+def replay(
+    before: list[dict], after: list[dict], clock: FakeClock, round_s: float, drawn: list[CanaryRound]
+) -> RoundSource:
     """The recorded rounds before the switch (both sides on stable), then those after it, one every `round_s` of
     `clock`; from the start again when the canary asks for more rounds than were recorded (the live source never
     ends). Every round handed out is appended to `drawn`."""
 
-    def source(watch: Watch) -> Iterator[dict]:
+    def source(watch: Watch) -> Iterator[CanaryRound]:
         for figures in itertools.cycle(before if watch.candidate == watch.stable else after):
             clock.sleep(round_s)
             drawn.append(as_read(figures))
@@ -243,7 +243,7 @@ def test_the_first_round_after_the_switch_is_never_counted():
 
     result, _, _ = replay_bake(RECORDED_AA["calibration"], failing_round(0))
     assert result.decision == "pass" and effect(result, "failed requests")["estimate"] == 0.0
-    assert not result.rounds[0]["counted"] and result.rounds[0]["note"].startswith("warm-up")
+    assert not result.rounds[0].counted and result.rounds[0].note.startswith("warm-up")
     assert result.counted_rounds == 8 and len(result.rounds) == 9
     # the same round second instead of first counts: the canary no longer passes, and is reverted
     second, _, _ = replay_bake(RECORDED_AA["calibration"], failing_round(1))

@@ -24,7 +24,15 @@ from components.release.canary import Canary, Watch
 from components.release.canary_settings import CanarySettings
 from components.release.cancel import Cancelled, cancellable
 from components.release.promotion import Ending, Plan, Promotion, Stop
-from components.release.promotion_records import CanaryResult, Outcome, Phase, PromoteResult, ReplicaOutcome
+from components.release.promotion_records import (
+    CanaryResult,
+    CanaryRound,
+    Outcome,
+    Phase,
+    PromoteResult,
+    ReplicaOutcome,
+    Side,
+)
 from components.release.rollout import PromotionError, Release
 from components.release.stage import CandidateVersion
 from components.s3 import S3Error
@@ -291,14 +299,12 @@ class FakeClock:
 def made_up_rounds(clock: FakeClock, slower: float) -> Any:
     """Rounds of a second, the canary side `slower` times the stable's mean latency once it serves the candidate."""
 
-    def source(watch: Watch) -> Iterator[dict]:
+    def source(watch: Watch) -> Iterator[CanaryRound]:
         factor = 1.0 if watch.candidate == watch.stable else slower
         for i in range(10_000):
             clock.sleep(1.0)
-            jitter = 1 + 0.01 * np.sin(i)
-            side = {"requests": 200, "failures": 0, "p99_ms": None, "p99_from": None}
-            canary, baseline = {**side, "mean_ms": 2.0 * factor * jitter}, {**side, "mean_ms": 2.0}
-            yield {"counted": True, "note": "", "canary": canary, "baseline": baseline, "members": {}}
+            mean_ms = 2.0 * factor * (1 + 0.01 * np.sin(i))
+            yield CanaryRound(True, "", Side(200, 0, mean_ms, None), Side(200, 0, 2.0, None))
 
     return source
 

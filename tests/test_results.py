@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,11 +19,13 @@ from components.release import gate_report
 from components.release.gate_stats import Effect
 from components.release.promotion_records import (
     CanaryResult,
+    CanaryRound,
     Outcome,
     Phase,
     PromoteResult,
     PromotionRecord,
     ReplicaOutcome,
+    Side,
 )
 from components.release.results import GateResult, QualityResult, StageResult, Trial, TuneResult, Verdict
 
@@ -42,6 +45,14 @@ def test_every_result_reads_back_equal_to_what_was_written():
         False,
         problems=["b did not answer"],
         after_revert=[ReplicaOutcome("a:8000", [2], True), ReplicaOutcome("b:8000", None, False)],
+        canary=CanaryResult(
+            "m",
+            3,
+            2,
+            "fail",
+            ["failed requests +5.0% [+4.0, +6.0] (limit +1%): beyond"],
+            rounds=[CanaryRound(False, "warm-up", Side(40, 2, 2.5, 9.0, "summary"), Side(40, 0, 2.4, None))],
+        ),
     )
     record = PromotionRecord("m", 3, Phase.CANARY, 2, "run", ["a:8000", "b:8000"])
     for result in (stage, tune, verdict, promotion, record):
@@ -162,7 +173,7 @@ def test_the_pipelines_canary_report_is_the_clis_with_its_plot(tmp_path, monkeyp
     from pipelines.kfp_components import promote_op
 
     beyond = Effect("mean latency", 0.25, 0.12, 0.38, 0.10, True, "%")
-    side = {"requests": 400, "failures": 0, "mean_ms": 2.5, "p99_ms": None}
+    side = Side(400, 0, 2.5, None)
     canary = CanaryResult(
         "m",
         3,
@@ -172,8 +183,8 @@ def test_the_pipelines_canary_report_is_the_clis_with_its_plot(tmp_path, monkeyp
         ["prod-0"],
         ["prod-1"],
         effects=[beyond.to_dict()],
-        calibration=[{"counted": True, "note": "", "canary": side, "baseline": side}],
-        rounds=[{"counted": True, "note": "", "canary": {**side, "mean_ms": 3.1}, "baseline": side}],
+        calibration=[CanaryRound(True, "", side, side)],
+        rounds=[CanaryRound(True, "", replace(side, mean_ms=3.1), side)],
         counted_rounds=1,
         outcome="reverted",
         settings={"round_s": 30.0, "min_requests": 20},

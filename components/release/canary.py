@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -52,8 +52,8 @@ from components.errors import TritonshipError
 from components.release import gate_stats
 from components.release.canary_settings import CanarySettings
 from components.release.cancel import raise_pending
-from components.release.promotion_records import CanaryResult
-from components.serving.live_metrics import Counts, Histogram, MetricsUnavailable, Scrape, scrape
+from components.release.promotion_records import CanaryResult, CanaryRound, Side
+from components.serving.live_metrics import Counts, MetricsUnavailable, Scrape, scrape
 from components.serving.replicas import Replica
 
 LOG = log.get("canary")
@@ -63,41 +63,6 @@ NO_LATENCY_MS = 1e6
 
 class CanaryFault(TritonshipError):
     """The canary cannot be measured: a replica or its metrics endpoint failed."""
-
-
-@dataclass
-class Side:
-    """One side's live requests in one round (pooled over its replicas)."""
-
-    requests: int
-    failures: int
-    mean_ms: float | None  # over the successes
-    p99_ms: float | None  # of this round from histograms, else the summary's last minute, request-weighted
-    p99_from: str | None = None  # "histogram" (this round's alone) or "summary"
-
-    @property
-    def failure_share(self) -> float:
-        return self.failures / self.requests if self.requests else 0.0
-
-    @classmethod
-    def pooled(cls, deltas: list[Counts], histograms: bool = True) -> Side:
-        success = sum(d.success for d in deltas)
-        pooled = Histogram.pooled([d.histogram for d in deltas if d.histogram]) if histograms else None
-        p99, source = (pooled.quantile_ms(0.99) if pooled and all(d.histogram for d in deltas) else None), "histogram"
-        if p99 is None:
-            weighted = [(d.p99_us, d.success) for d in deltas if d.p99_us is not None and d.success > 0]
-            whole = weighted and len(weighted) == len(deltas)
-            p99, source = (
-                (sum(p * w for p, w in weighted) / sum(w for _, w in weighted) / 1000 if whole else None),
-                "summary",
-            )
-        return cls(
-            int(sum(d.requests for d in deltas)),
-            int(sum(d.failure for d in deltas)),
-            sum(d.duration_us for d in deltas) / success / 1000 if success else None,
-            p99,
-            source if p99 is not None else None,
-        )
 
 
 @dataclass
@@ -121,8 +86,8 @@ class Watch:
         return Watch(self.model, self.stable, self.stable, {n: (old, old) for n, (_, old) in self.members.items()})
 
 
-# the replicas serving a watch's versions -> every round, its figures as `_round` gives them (never ending by itself)
-RoundSource = Callable[[Watch], Iterator[dict]]
+# the replicas serving a watch's versions -> every round's figures, as `_round` gives them (never ending by itself)
+RoundSource = Callable[[Watch], Iterator[CanaryRound]]
 
 
 class Canary:
@@ -190,7 +155,7 @@ class Canary:
 
 def _rounds(
     watch: Watch, *, canary: list[Replica], baseline: list[Replica], settings: CanarySettings, clock: Clock
-) -> Iterator[dict]:
+) -> Iterator[CanaryRound]:
     """Every `round_s` seconds, the round's figures per side; CanaryFault when the canary cannot be measured."""
     before = _read(canary + baseline)
     _check_canary(watch, canary, before, before)
@@ -204,15 +169,19 @@ def _rounds(
 
 
 def _calibrate(
-    rounds: Iterator[dict], settings: CanarySettings, result: CanaryResult, progress: Progress | None, clock: Clock
+    rounds: Iterator[CanaryRound],
+    settings: CanarySettings,
+    result: CanaryResult,
+    progress: Progress | None,
+    clock: Clock,
 ) -> list[tuple[Side, Side]]:
     """`min_rounds` counted rounds before the switch (within `max_bake_s`): how the canary replicas compare with
     the others when both serve the stable version. Replicas differ on their own (another node, another core)."""
     started, counted = clock.now(), []
     for figures in rounds:
         result.calibration.append(figures)
-        if figures["counted"]:
-            counted.append((Side(**figures["canary"]), Side(**figures["baseline"])))
+        if figures.counted:
+            counted.append((figures.canary, figures.baseline))
         elapsed = clock.now() - started
         if progress:
             progress(f"canary before the switch, round {len(result.calibration)}: {len(counted)} counted")
@@ -229,7 +198,7 @@ def _calibrate(
 
 
 def _bake(
-    rounds: Iterator[dict],
+    rounds: Iterator[CanaryRound],
     settings: CanarySettings,
     result: CanaryResult,
     progress: Progress | None,
@@ -239,10 +208,10 @@ def _bake(
     started, counted = clock.now(), []
     for figures in rounds:
         if not result.rounds:  # a freshly loaded version meets each new input shape for the first time
-            figures = {**figures, "counted": False, "note": "warm-up: the first round after the switch is not counted"}
+            figures = replace(figures, counted=False, note="warm-up: the first round after the switch is not counted")
         result.rounds.append(figures)
-        if figures["counted"]:
-            counted.append((Side(**figures["canary"]), Side(**figures["baseline"])))
+        if figures.counted:
+            counted.append((figures.canary, figures.baseline))
         result.counted_rounds = len(counted)
         elapsed = clock.now() - started
         if progress:
@@ -310,7 +279,7 @@ def _round(
     before: dict[str, Scrape],
     after: dict[str, Scrape],
     settings: CanarySettings,
-) -> dict:
+) -> CanaryRound:
     """One round's figures per side (and per ensemble member); `counted` says whether it takes part."""
     model_deltas: dict[str, list[Counts]] = {}
     notes: list[str] = []
@@ -336,13 +305,7 @@ def _round(
     few = [k for k, s in sides.items() if s.requests < settings.min_requests]
     if few:
         notes.append(f"fewer than {settings.min_requests} live requests on the {' and '.join(few)} side")
-    return {
-        "counted": not notes,
-        "note": "; ".join(notes),
-        "canary": asdict(sides["canary"]),
-        "baseline": asdict(sides["baseline"]),
-        "members": members,
-    }
+    return CanaryRound(not notes, "; ".join(notes), sides["canary"], sides["baseline"], members)
 
 
 def effects(

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from components.release.results import Result
 from components.repository import ModelRepository
+from components.serving.live_metrics import Counts, Histogram
 
 
 class Phase(StrEnum):
@@ -65,6 +66,54 @@ class ReplicaOutcome:
         return f"{self.url} serves " + ("+".join(f"v{v}" for v in self.serving) or "nothing")
 
 
+@dataclass
+class Side:
+    """One side's live requests in one round of the canary (pooled over its replicas)."""
+
+    requests: int
+    failures: int
+    mean_ms: float | None  # over the successes
+    p99_ms: float | None  # of this round from histograms, else the summary's last minute, request-weighted
+    p99_from: str | None = None  # "histogram" (this round's alone) or "summary"
+
+    @property
+    def failure_share(self) -> float:
+        return self.failures / self.requests if self.requests else 0.0
+
+    @classmethod
+    def pooled(cls, deltas: list[Counts], histograms: bool = True) -> Side:
+        success = sum(d.success for d in deltas)
+        pooled = Histogram.pooled([d.histogram for d in deltas if d.histogram]) if histograms else None
+        p99, source = (pooled.quantile_ms(0.99) if pooled and all(d.histogram for d in deltas) else None), "histogram"
+        if p99 is None:
+            weighted = [(d.p99_us, d.success) for d in deltas if d.p99_us is not None and d.success > 0]
+            whole = weighted and len(weighted) == len(deltas)
+            p99, source = (
+                (sum(p * w for p, w in weighted) / sum(w for _, w in weighted) / 1000 if whole else None),
+                "summary",
+            )
+        return cls(
+            int(sum(d.requests for d in deltas)),
+            int(sum(d.failure for d in deltas)),
+            sum(d.duration_us for d in deltas) / success / 1000 if success else None,
+            p99,
+            source if p99 is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class CanaryRound(Result):
+    """One round of the canary (components/release/canary.py): each side's figures, and for an ensemble each
+    member's mean latency per side (`canary_mean_ms`, `baseline_mean_ms`); `counted` says whether it takes part,
+    `note` why not."""
+
+    counted: bool
+    note: str
+    canary: Side
+    baseline: Side
+    members: dict[str, dict[str, float | None]] = field(default_factory=dict)
+
+
 CanaryDecision = Literal["pass", "fail", "inconclusive", "skipped"]
 
 
@@ -80,8 +129,8 @@ class CanaryResult(Result):
     canary_replicas: list[str] = field(default_factory=list)
     baseline_replicas: list[str] = field(default_factory=list)
     effects: list[dict[str, Any]] = field(default_factory=list)
-    calibration: list[dict[str, Any]] = field(default_factory=list)  # rounds before the switch, all on stable
-    rounds: list[dict[str, Any]] = field(default_factory=list)  # rounds after it (components/release/canary.py _round)
+    calibration: list[CanaryRound] = field(default_factory=list)  # rounds before the switch, all on stable
+    rounds: list[CanaryRound] = field(default_factory=list)  # rounds after it
     counted_rounds: int = 0
     seconds: float = 0.0
     stopped: str = ""
