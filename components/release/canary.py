@@ -140,6 +140,7 @@ class Canary:
         return self.result
 
     def _period(self, measure: Callable[..., list[tuple[Side, Side]] | None], watch: Watch) -> list | None:
+        """One period's rounds, measured by `_calibrate` or `_bake`; a fault fails the canary at once."""
         try:
             return measure(self.source(watch), self.settings, self.result, self.progress, self.clock)
         except CanaryFault as exc:
