@@ -174,21 +174,23 @@ class Promotion:
             if skipped:
                 self.result.canary = CanaryResult(plan.model, plan.version, plan.previous_version, "skipped", [skipped])
                 log.event(LOG, "canary skipped", model=plan.model, reason=skipped, level=30)
+            goes_on = True
             if first and plan.canary is not None and plan.previous_version is not None:
                 self._enter(Phase.CANARY)
                 canary = self._canary(changes, first, plan.canary, plan.previous_version)
-                if not decide(canary, plan.canary):
-                    with shielded():
-                        return self._revert(changes, Stop.CANARY, why_reverted(canary))
-            self._enter(Phase.ROLL)
-            self._roll(changes)
-            self._enter(Phase.FINISH)
-            return self._finish(changes)
+                goes_on = decide(canary, plan.canary)
+            if goes_on:
+                self._enter(Phase.ROLL)
+                self._roll(changes)
+                self._enter(Phase.FINISH)
+                return self._finish(changes)
+            stop, reason = Stop.CANARY, why_reverted(canary)
+        except Cancelled as exc:
+            stop, reason = Stop.SIGNAL, f"stopped by {exc.signal_name} in its {self.phase} phase"
         except TritonshipError as exc:
-            with shielded():
-                if isinstance(exc, Cancelled):
-                    return self._revert(changes, Stop.SIGNAL, f"stopped by {exc.signal_name} in its {self.phase} phase")
-                return self._revert(changes, Stop.FAILURE, str(exc))
+            stop, reason = Stop.FAILURE, str(exc)
+        with shielded():
+            return self._revert(changes, stop, reason)
 
     def _enter(self, phase: Phase) -> None:
         raise_pending()
