@@ -7,6 +7,8 @@
       └─────────┴──── a failure, SIGTERM or SIGINT in any phase ──► REVERT (a failure, a signal)
     REVERT ──► reverted (every replica serves the stable version again) or partial (some could not be brought back)
 
+A replica that does not answer before COPY stops the promotion with an error; nothing has changed then.
+
 1. **copy**: the staged candidate is copied into the production folder server-side (manifest re-verified);
 2. **canary** (components/release/canary.py): the canary compares the first replicas with the others on live
    traffic while all serve the stable version; the promotion then switches them, and the canary measures them
