@@ -362,3 +362,28 @@ def test_promote_returns_an_outcome_and_raises_only_for_an_error(monkeypatch, st
             promote_step.PartialRevert: 4,
         }[raised]
     )
+
+
+@pytest.mark.parametrize("reverted", [True, False], ids=["reverted by the canary", "promoted"])
+def test_the_promote_command_reads_the_outcome_exit_code_and_report_as_before(tmp_path, monkeypatch, reverted):
+    from typer.testing import CliRunner
+
+    from components.release.results import Verdict
+    from pipelines.cli import app
+
+    canary = CanaryResult(MODEL, VERSION, STABLE, "fail" if reverted else "pass", ["mean latency +25%"])
+    problems = [f"the canary of {MODEL} v{VERSION} failed on live traffic: mean latency +25%."] if reverted else []
+    urls = [r.url for r in REPLICAS]
+    ended = PromoteResult(MODEL, VERSION, STABLE, urls, not reverted, reverted, problems, canary=canary)
+    monkeypatch.setattr(promote_step, "promote", lambda *_args, **_kwargs: ended)
+    verdict = tmp_path / "verdict.json"
+    verdict.write_text(Verdict(MODEL, VERSION, "pass", []).to_json())
+    argv = ["promote", "-r", "s3://bucket/repo", "--verdict", str(verdict), "--replicas", ",".join(urls)]
+    shown = CliRunner().invoke(app, [*argv, "--out", str(tmp_path / "canary")], env={"COLUMNS": "200"})
+    said = " ".join(shown.output.split())
+    assert (tmp_path / "canary" / "report.md").exists() and (tmp_path / "canary" / "report.html").exists()
+    if reverted:
+        assert shown.exit_code == 1, said
+        assert f"error: {problems[0]} Every replica was reverted to v{STABLE}." in said
+    else:
+        assert shown.exit_code == 0 and f"promoted {MODEL} v{VERSION} (was {STABLE}) on 3 replicas" in said, said
