@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from components.release.canary_settings import CanarySettings
-from components.release.promote import CanaryRejected, promote
+from components.release.promote import promote
 from components.release.publish import publish
 from components.release.stage import stage
 from components.repository import ModelRepository
@@ -67,13 +67,10 @@ def decide(stack: EmbeddedStack, folder: Path, run_id: str, settings: CanarySett
     staged = stage(repository(stack), MODEL, published.version, stack.gate.http_url, s3=stack.s3)
     assert staged.accuracy_passed, staged.load_error
     started = time.monotonic()
-    try:
-        result = promote(
-            repository(stack), MODEL, published.version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3,
-            canary=settings,
-        )  # fmt: skip
-    except CanaryRejected as exc:
-        result = exc.result
+    result = promote(  # promoted, or reverted by the canary
+        repository(stack), MODEL, published.version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3,
+        canary=settings,
+    )  # fmt: skip
     canary = result.canary
     return {
         "version": published.version,
@@ -82,8 +79,8 @@ def decide(stack: EmbeddedStack, folder: Path, run_id: str, settings: CanarySett
         "seconds": time.monotonic() - started,
         "effects": canary.effects,
         "reasons": canary.reasons,
-        "calibration": canary.calibration,
-        "rounds": canary.rounds,
+        "calibration": [r.to_dict() for r in canary.calibration],
+        "rounds": [r.to_dict() for r in canary.rounds],
     }
 
 

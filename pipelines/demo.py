@@ -152,7 +152,7 @@ def canary_line(run: LocalRun) -> str:
     if not canary:
         return "no canary"
     from components.release import canary_report
-    from components.release.results import CanaryResult
+    from components.release.promotion_records import CanaryResult
 
     return canary_report.summary(CanaryResult.from_json(json.dumps(canary)))
 

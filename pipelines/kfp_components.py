@@ -296,7 +296,7 @@ def promote_op(
     from pathlib import Path
 
     from components.release import canary_report
-    from components.release.promote import CanaryRejected, promote
+    from components.release.promote import promote
     from components.release.results import TuneResult, Verdict
     from components.release.step_settings import PromoteSettings
     from components.s3 import S3Settings
@@ -304,23 +304,20 @@ def promote_op(
 
     chosen = PromoteSettings.from_flat(**settings)
     decided = Verdict.from_json(verdict_json)
-    try:
-        result = promote(
-            repository,
-            model_name,
-            int(version),
-            resolve(replicas),
-            decided.verdict,
-            decided.gate_url or resolve(gate)[0].url,
-            settings=TuneResult.from_json(tuning_json).chosen,
-            quality=decided.quality.decision if decided.quality else None,
-            s3=S3Settings.from_env(s3_endpoint),
-            run_id=run_id,
-            load_timeout=chosen.load_timeout_s,
-            canary=chosen.canary,
-        )
-    except CanaryRejected as exc:
-        result = exc.result
+    result = promote(
+        repository,
+        model_name,
+        int(version),
+        resolve(replicas),
+        decided.verdict,
+        decided.gate_url or resolve(gate)[0].url,
+        settings=TuneResult.from_json(tuning_json).chosen,
+        quality=decided.quality.decision if decided.quality else None,
+        s3=S3Settings.from_env(s3_endpoint),
+        run_id=run_id,
+        load_timeout=chosen.load_timeout_s,
+        canary=chosen.canary,
+    )  # promoted, or reverted by the canary: an outcome; any other failure raises and fails the task
     for artifact, text in zip((report, report_html), canary_report.pages(result.canary), strict=True):
         Path(artifact.path).write_text(text)  # the CLI's --out report, its plot included
     if result.canary:
@@ -357,6 +354,7 @@ def finish_release_op(repository: str, model_name: str, gate: str, replicas: str
     killed (its pod past the grace period) is settled as `reconcile` does, and this run's release lease on the
     model is given back (promote and reject give it back themselves on their paths)."""
     from components.release.promote import unload_candidate
+    from components.release.promotion_records import PromotionRecord
     from components.release.reconcile import reconcile
     from components.repository import ModelRepository
     from components.s3 import S3Settings
@@ -366,8 +364,8 @@ def finish_release_op(repository: str, model_name: str, gate: str, replicas: str
     for server in resolve(gate):  # of several gate servers, the one it staged on
         unload_candidate(server.url, model_name)
     repo = ModelRepository(repository, s3)
-    killed = repo.promotion(model_name)
-    if killed and killed.get("run_id") == run_id:
+    killed = PromotionRecord.read(repo, model_name)
+    if killed and killed.run_id == run_id:
         for state in reconcile(repository, resolve(replicas), [model_name], s3=s3, run_id=run_id):
             print(state.replica, state.model, state.action)
     repo.release_lease(model_name, run_id)

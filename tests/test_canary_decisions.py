@@ -1,5 +1,5 @@
 """The canary's decisions (components/release/canary.py) from rounds recorded on the real stack, with no replica,
-no metrics endpoint and no real waiting: bake() takes its rounds from a replay of
+no metrics endpoint and no real waiting: a Canary takes its rounds from a replay of
 benchmarks/results/canary_quality.json and its time from a clock that moves only when slept on.
 
 The recorded rounds are 60 canaries measured by benchmarks/canary_quality.py (40 equal candidates that passed,
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 from collections.abc import Iterator
 from copy import deepcopy
@@ -18,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from components.release.canary import CanaryFailed, CanaryFault, RoundSource, Watch, bake, decide
+from components.release.canary import Canary, CanaryFault, RoundSource, Watch, decide, why_reverted
 from components.release.canary_settings import SUMMARY_WINDOW_S, CanarySettings
-from components.release.results import CanaryResult
+from components.release.promotion_records import CanaryResult, CanaryRound
 from components.serving.replicas import Replica
 
 RECORDED = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "canary_quality.json").read_text())
@@ -46,20 +47,20 @@ class FakeClock:
         self.seconds += seconds
 
 
-def as_read(figures: dict) -> dict:
-    """A recorded round as the live source gives it: bake() itself marks the first round after the switch."""
-    figures = deepcopy(figures)
-    if figures["note"].startswith("warm-up"):
-        figures["counted"], figures["note"] = True, ""
-    return figures
+def as_read(figures: dict) -> CanaryRound:
+    """A recorded round as the live source gives it: the canary itself marks the first round after the switch."""
+    read = CanaryRound.from_dict(figures)
+    return replace(read, counted=True, note="") if read.note.startswith("warm-up") else read
 
 
-def replay(before: list[dict], after: list[dict], clock: FakeClock, round_s: float, drawn: list[dict]) -> RoundSource:
+def replay(
+    before: list[dict], after: list[dict], clock: FakeClock, round_s: float, drawn: list[CanaryRound]
+) -> RoundSource:
     """The recorded rounds before the switch (both sides on stable), then those after it, one every `round_s` of
-    `clock`; from the start again when bake() asks for more rounds than were recorded (the live source never
+    `clock`; from the start again when the canary asks for more rounds than were recorded (the live source never
     ends). Every round handed out is appended to `drawn`."""
 
-    def source(watch: Watch) -> Iterator[dict]:
+    def source(watch: Watch) -> Iterator[CanaryRound]:
         for figures in itertools.cycle(before if watch.candidate == watch.stable else after):
             clock.sleep(round_s)
             drawn.append(as_read(figures))
@@ -71,11 +72,18 @@ def replay(before: list[dict], after: list[dict], clock: FakeClock, round_s: flo
 def replay_bake(
     before: list[dict], after: list[dict], settings: CanarySettings = RECORDED_SETTINGS
 ) -> tuple[CanaryResult, bool, FakeClock]:
-    """bake() on recorded rounds: its result, whether it called the switch, and the clock it ran on."""
-    clock, switched = FakeClock(), []
-    source = replay(before, after, clock, settings.round_s, [])
-    result = bake(WATCH, CANARY, BASELINE, settings, lambda: switched.append(True), clock=clock, rounds=source)
-    return result, bool(switched), clock
+    """A canary on recorded rounds: its result, whether it let promote switch, and the clock it ran on."""
+    clock = FakeClock()
+    result, switched = measured(settings, clock, replay(before, after, clock, settings.round_s, []))
+    return result, switched, clock
+
+
+def measured(settings: CanarySettings, clock: FakeClock, source: RoundSource) -> tuple[CanaryResult, bool]:
+    """A Canary as promote runs it: the rounds before the switch, then, when they let promote switch the canary
+    replicas, the rounds after it. Its result, and whether it switched."""
+    canary = Canary(WATCH, CANARY, BASELINE, settings, clock=clock, rounds=source)
+    switched = canary.before_switch()
+    return (canary.after_switch() if switched else canary.result), switched
 
 
 def changed(rounds: list[dict], sides: tuple[str, ...], **values: float | None) -> list[dict]:
@@ -122,8 +130,7 @@ def test_a_recorded_equal_candidate_passes_and_is_promoted():
     assert switched and result.decision == "pass"
     assert result.stopped == "decided after 8 counted rounds" and result.counted_rounds == 8
     assert {e["name"]: e["status"] for e in result.effects} == {"mean latency": "within", "failed requests": "within"}
-    decide(result, RECORDED_SETTINGS)
-    assert result.outcome == "promoted"
+    assert decide(result, RECORDED_SETTINGS) and result.outcome == "promoted"
 
 
 def test_a_recorded_slower_candidate_fails_on_mean_latency_and_is_reverted():
@@ -132,9 +139,10 @@ def test_a_recorded_slower_candidate_fails_on_mean_latency_and_is_reverted():
     latency = effect(result, "mean latency")
     assert latency["status"] == "beyond" and latency["low"] > RECORDED_SETTINGS.max_latency_regression_pct / 100
     assert effect(result, "failed requests")["status"] == "within"
-    with pytest.raises(CanaryFailed, match=r"failed on live traffic: mean latency \+\d+\.\d% .*: beyond"):
-        decide(result, RECORDED_SETTINGS)
-    assert result.outcome == "reverted"
+    assert not decide(result, RECORDED_SETTINGS) and result.outcome == "reverted"
+    assert re.match(
+        r"the canary of sequence v2 failed on live traffic: mean latency \+\d+\.\d% .*: beyond", why_reverted(result)
+    )
 
 
 def test_a_regressed_p99_fails_with_rounds_as_long_as_the_summary_window():
@@ -221,13 +229,9 @@ def test_decide_turns_an_inconclusive_canary_into_what_on_inconclusive_says(poli
     settings = replace(RECORDED_SETTINGS, on_inconclusive=policy)
     result, _, _ = replay_bake(RECORDED_AA["calibration"], AT_THE_LIMIT, settings)
     assert result.decision == "inconclusive"
-    if policy == "revert":
-        with pytest.raises(CanaryFailed, match="was inconclusive: still undecided: mean latency"):
-            decide(result, settings)
-        assert result.outcome == "reverted"
-    else:
-        decide(result, settings)
-        assert result.outcome == "promoted"
+    assert decide(result, settings) == (policy == "promote")
+    assert result.outcome == {"revert": "reverted", "promote": "promoted"}[policy]
+    assert "was inconclusive: still undecided: mean latency" in why_reverted(result)
 
 
 def test_the_first_round_after_the_switch_is_never_counted():
@@ -239,14 +243,13 @@ def test_the_first_round_after_the_switch_is_never_counted():
 
     result, _, _ = replay_bake(RECORDED_AA["calibration"], failing_round(0))
     assert result.decision == "pass" and effect(result, "failed requests")["estimate"] == 0.0
-    assert not result.rounds[0]["counted"] and result.rounds[0]["note"].startswith("warm-up")
+    assert not result.rounds[0].counted and result.rounds[0].note.startswith("warm-up")
     assert result.counted_rounds == 8 and len(result.rounds) == 9
     # the same round second instead of first counts: the canary no longer passes, and is reverted
     second, _, _ = replay_bake(RECORDED_AA["calibration"], failing_round(1))
     failures = effect(second, "failed requests")
     assert second.decision != "pass" and failures["status"] != "within" and failures["estimate"] > 0.1
-    with pytest.raises(CanaryFailed):
-        decide(second, RECORDED_SETTINGS)
+    assert not decide(second, RECORDED_SETTINGS)
 
 
 def test_the_bake_ends_before_max_bake_s_would_be_exceeded_on_the_fake_clock(monkeypatch):
@@ -257,7 +260,7 @@ def test_the_bake_ends_before_max_bake_s_would_be_exceeded_on_the_fake_clock(mon
     settings = replace(RECORDED_SETTINGS, max_bake_s=50.0)
     clock, drawn = FakeClock(), []
     source = replay(RECORDED_AA["calibration"], AT_THE_LIMIT, clock, settings.round_s, drawn)
-    result = bake(WATCH, CANARY, BASELINE, settings, lambda: None, clock=clock, rounds=source)
+    result, _ = measured(settings, clock, source)
     # before the switch: 8 rounds of 3 s; after it, 16 (48 s: a 17th would end at 51 s, beyond the 50)
     assert result.decision == "inconclusive" and result.stopped == "the longest bake (50 s) was spent"
     assert len(result.calibration) == 8 and len(result.rounds) == 16 and len(drawn) == 24
@@ -275,7 +278,7 @@ def test_a_canary_that_cannot_be_measured_fails_at_once():
             raise CanaryFault("the canary prod-0 no longer serves sequence v2 (restarted or unloaded)")
         yield from rounds
 
-    result = bake(WATCH, CANARY, BASELINE, RECORDED_SETTINGS, lambda: None, clock=clock, rounds=source)
+    result, _ = measured(RECORDED_SETTINGS, clock, source)
     assert result.decision == "fail" and result.stopped == "the canary could not be measured"
     assert result.reasons == ["the canary prod-0 no longer serves sequence v2 (restarted or unloaded)"]
     assert len(result.rounds) == 1 and clock.seconds == 27.0  # 8 rounds before the switch, 1 after

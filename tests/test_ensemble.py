@@ -113,11 +113,9 @@ def test_ensemble_release_is_promoted_as_one_with_zero_failed_requests(stack, bu
 
     # the canary: the ensemble's own requests decide; each member's mean latency on both sides is in every round
     assert result.promoted and result.canary.decision == "pass", result.canary.reasons
-    counted = [r for r in result.canary.rounds if r["counted"]]
-    assert counted and all(set(r["members"]) == set(MEMBERS) for r in counted)
-    assert all(
-        r["members"][m]["canary_mean_ms"] and r["members"][m]["baseline_mean_ms"] for r in counted for m in MEMBERS
-    )
+    counted = [r for r in result.canary.rounds if r.counted]
+    assert counted and all(set(r.members) == set(MEMBERS) for r in counted)
+    assert all(r.members[m]["canary_mean_ms"] and r.members[m]["baseline_mean_ms"] for r in counted for m in MEMBERS)
 
     # production: the ensemble pinned to the new members, which alone are loaded and desired
     desired = repo.desired_config(NAME)[0]

@@ -5,6 +5,8 @@ figure said once, and the pipeline's the CLI's."""
 from __future__ import annotations
 
 import html
+import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,17 +17,17 @@ from components.model.model_config import ServingSettings
 from components.model.parity import OutputParity
 from components.release import gate_report
 from components.release.gate_stats import Effect
-from components.release.results import (
+from components.release.promotion_records import (
     CanaryResult,
-    GateResult,
+    CanaryRound,
+    Outcome,
+    Phase,
     PromoteResult,
-    QualityResult,
+    PromotionRecord,
     ReplicaOutcome,
-    StageResult,
-    Trial,
-    TuneResult,
-    Verdict,
+    Side,
 )
+from components.release.results import GateResult, QualityResult, StageResult, Trial, TuneResult, Verdict
 
 
 def test_every_result_reads_back_equal_to_what_was_written():
@@ -43,9 +45,19 @@ def test_every_result_reads_back_equal_to_what_was_written():
         False,
         problems=["b did not answer"],
         after_revert=[ReplicaOutcome("a:8000", [2], True), ReplicaOutcome("b:8000", None, False)],
+        canary=CanaryResult(
+            "m",
+            3,
+            2,
+            "fail",
+            ["failed requests +5.0% [+4.0, +6.0] (limit +1%): beyond"],
+            rounds=[CanaryRound(False, "warm-up", Side(40, 2, 2.5, 9.0, "summary"), Side(40, 0, 2.4, None))],
+        ),
     )
-    for result in (stage, tune, verdict, promotion):
+    record = PromotionRecord("m", 3, Phase.CANARY, 2, "run", ["a:8000", "b:8000"])
+    for result in (stage, tune, verdict, promotion, record):
         assert type(result).from_json(result.to_json()) == result
+    assert promotion.outcome is Outcome.PARTIAL  # neither promoted nor every replica back on v2
     assert '"gain_pct": 50.0' in tune.to_json()  # derived figures are written for readers, ignored when read
 
 
@@ -62,6 +74,24 @@ def test_every_result_reads_back_equal_to_what_was_written():
 def test_a_file_that_is_not_a_verdict_is_refused_with_what_is_wrong(text, message):
     with pytest.raises(ValueError, match=message):
         Verdict.from_json(text)
+
+
+def test_the_promotion_record_reads_what_earlier_releases_wrote_and_writes_the_same_keys():
+    # root/promotions/<model>.json as promote wrote it before the record was typed (the repository adds "updated")
+    earlier = {
+        "model": "m",
+        "phase": "roll",
+        "previous_version": 2,
+        "replicas": ["a:8000", "b:8000"],
+        "run_id": "run",
+        "updated": "2026-12-06T20:00:00.000000Z",
+        "version": 3,
+    }
+    record = PromotionRecord.from_dict(earlier)
+    assert record == PromotionRecord("m", 3, Phase.ROLL, 2, "run", ["a:8000", "b:8000"])
+    assert json.loads(record.to_json()) == {k: v for k, v in earlier.items() if k != "updated"}
+    with pytest.raises(ValueError, match="PromotionRecord.phase is 'bake', not one of 'copy', 'canary', 'roll'"):
+        PromotionRecord.from_dict({**earlier, "phase": "bake"})
 
 
 # ------------------------------------------------------------------------------------------------- the reports
@@ -143,7 +173,7 @@ def test_the_pipelines_canary_report_is_the_clis_with_its_plot(tmp_path, monkeyp
     from pipelines.kfp_components import promote_op
 
     beyond = Effect("mean latency", 0.25, 0.12, 0.38, 0.10, True, "%")
-    side = {"requests": 400, "failures": 0, "mean_ms": 2.5, "p99_ms": None}
+    side = Side(400, 0, 2.5, None)
     canary = CanaryResult(
         "m",
         3,
@@ -153,8 +183,8 @@ def test_the_pipelines_canary_report_is_the_clis_with_its_plot(tmp_path, monkeyp
         ["prod-0"],
         ["prod-1"],
         effects=[beyond.to_dict()],
-        calibration=[{"counted": True, "note": "", "canary": side, "baseline": side}],
-        rounds=[{"counted": True, "note": "", "canary": {**side, "mean_ms": 3.1}, "baseline": side}],
+        calibration=[CanaryRound(True, "", side, side)],
+        rounds=[CanaryRound(True, "", replace(side, mean_ms=3.1), side)],
         counted_rounds=1,
         outcome="reverted",
         settings={"round_s": 30.0, "min_requests": 20},
@@ -162,7 +192,7 @@ def test_the_pipelines_canary_report_is_the_clis_with_its_plot(tmp_path, monkeyp
     rejected = PromoteResult("m", 3, 2, ["a:8000", "b:8000"], False, reverted=True, canary=canary)
 
     def reverting_canary(*_args, **_kwargs):
-        raise promote.CanaryRejected("the canary failed on live traffic", rejected)
+        return rejected  # the canary's revert is an outcome, not an error
 
     monkeypatch.setattr(promote, "promote", reverting_canary)
     report, report_html = (SimpleNamespace(path=str(tmp_path / name)) for name in ("report.md", "report.html"))
@@ -181,7 +211,7 @@ def test_the_pipelines_canary_report_is_the_clis_with_its_plot(tmp_path, monkeyp
         report=report,
         report_html=report_html,
     )
-    assert promoted.promoted is False
+    assert promoted.promoted is False and PromoteResult.from_json(promoted.promote_json).outcome is Outcome.REVERTED
     canary_report.write(canary, tmp_path / "cli")  # `tritonship promote --out`
     page = Path(report_html.path).read_text()
     assert page == (tmp_path / "cli" / "report.html").read_text()

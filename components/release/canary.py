@@ -32,14 +32,17 @@ a revert (the default) or a promotion.
 
 A canary replica whose metrics do not answer, that no longer serves the candidate, or whose counters went
 back (it restarted) fails the canary at once with that reason; a stable replica's reset only loses the round.
-`bake` waits through a `Clock` and takes its rounds from a `RoundSource` (by default `_rounds`, reading the
-metrics every `round_s`): tests/test_canary_decisions.py replays recorded rounds on a clock moved by sleeps.
+The canary measures and decides; promote switches its replicas between `Canary.before_switch` and
+`Canary.after_switch`, and `decide` says whether the promotion goes on. A `Canary` waits through a `Clock` and takes
+its rounds from a `RoundSource` (by default `_rounds`, reading the metrics every `round_s`):
+tests/test_canary_decisions.py replays recorded rounds on a clock moved by sleeps.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -49,8 +52,8 @@ from components.errors import TritonshipError
 from components.release import gate_stats
 from components.release.canary_settings import CanarySettings
 from components.release.cancel import raise_pending
-from components.release.results import CanaryResult
-from components.serving.live_metrics import Counts, Histogram, MetricsUnavailable, Scrape, scrape
+from components.release.promotion_records import CanaryResult, CanaryRound, Side
+from components.serving.live_metrics import Counts, MetricsUnavailable, Scrape, scrape
 from components.serving.replicas import Replica
 
 LOG = log.get("canary")
@@ -60,45 +63,6 @@ NO_LATENCY_MS = 1e6
 
 class CanaryFault(TritonshipError):
     """The canary cannot be measured: a replica or its metrics endpoint failed."""
-
-
-class CanaryFailed(TritonshipError):
-    """The canary's decision does not let the promotion go on."""
-
-
-@dataclass
-class Side:
-    """One side's live requests in one round (pooled over its replicas)."""
-
-    requests: int
-    failures: int
-    mean_ms: float | None  # over the successes
-    p99_ms: float | None  # of this round from histograms, else the summary's last minute, request-weighted
-    p99_from: str | None = None  # "histogram" (this round's alone) or "summary"
-
-    @property
-    def failure_share(self) -> float:
-        return self.failures / self.requests if self.requests else 0.0
-
-    @classmethod
-    def pooled(cls, deltas: list[Counts], histograms: bool = True) -> Side:
-        success = sum(d.success for d in deltas)
-        pooled = Histogram.pooled([d.histogram for d in deltas if d.histogram]) if histograms else None
-        p99, source = (pooled.quantile_ms(0.99) if pooled and all(d.histogram for d in deltas) else None), "histogram"
-        if p99 is None:
-            weighted = [(d.p99_us, d.success) for d in deltas if d.p99_us is not None and d.success > 0]
-            whole = weighted and len(weighted) == len(deltas)
-            p99, source = (
-                (sum(p * w for p, w in weighted) / sum(w for _, w in weighted) / 1000 if whole else None),
-                "summary",
-            )
-        return cls(
-            int(sum(d.requests for d in deltas)),
-            int(sum(d.failure for d in deltas)),
-            sum(d.duration_us for d in deltas) / success / 1000 if success else None,
-            p99,
-            source if p99 is not None else None,
-        )
 
 
 @dataclass
@@ -122,55 +86,77 @@ class Watch:
         return Watch(self.model, self.stable, self.stable, {n: (old, old) for n, (_, old) in self.members.items()})
 
 
-# the replicas serving a watch's versions -> every round, its figures as `_round` gives them (never ending by itself)
-RoundSource = Callable[[Watch], Iterator[dict]]
+# the replicas serving a watch's versions -> every round's figures, as `_round` gives them (never ending by itself)
+RoundSource = Callable[[Watch], Iterator[CanaryRound]]
 
 
-def bake(
-    watch: Watch,
-    canary: list[Replica],
-    baseline: list[Replica],
-    settings: CanarySettings,
-    switch: Callable[[], None],
-    progress: Progress | None = None,
-    clock: Clock | None = None,
-    rounds: RoundSource | None = None,
-) -> CanaryResult:
-    """Compare the `canary` replicas with the `baseline` ones while all serve the stable version, call `switch`
-    (which loads the candidate on the canary replicas), then measure them until the canary decides. `rounds`
-    gives the rounds' figures (by default from the replicas' metrics, a round every `round_s` of `clock`)."""
-    clock = clock or SystemClock()
+class Canary:
+    """One canary, measured in two periods: `before_switch` compares the `canary` replicas with the `baseline` ones
+    while all serve the stable version; promote then switches the canary replicas, and `after_switch` measures them
+    until the canary decides. `rounds` gives the rounds' figures (by default from the replicas' metrics, a round
+    every `round_s` of `clock`)."""
 
-    def live(versions: Watch) -> Iterator[dict]:
-        return _rounds(versions, canary, baseline, settings, clock)
+    def __init__(
+        self,
+        watch: Watch,
+        canary: list[Replica],
+        baseline: list[Replica],
+        settings: CanarySettings,
+        progress: Progress | None = None,
+        clock: Clock | None = None,
+        rounds: RoundSource | None = None,
+    ) -> None:
+        self.watch, self.settings, self.progress = watch, settings, progress
+        self.clock = clock or SystemClock()
+        self.source = rounds or functools.partial(
+            _rounds, canary=canary, baseline=baseline, settings=settings, clock=self.clock
+        )
+        self.result = CanaryResult(
+            watch.model,
+            watch.candidate,
+            watch.stable,
+            "inconclusive",
+            [],
+            canary_replicas=[r.name for r in canary],
+            baseline_replicas=[r.name for r in baseline],
+            settings=asdict(settings),
+        )
+        self.started = self.clock.now()
+        self.reference: list[tuple[Side, Side]] = []
 
-    source = rounds or live
-    result = CanaryResult(
-        watch.model,
-        watch.candidate,
-        watch.stable,
-        "inconclusive",
-        [],
-        canary_replicas=[r.name for r in canary],
-        baseline_replicas=[r.name for r in baseline],
-        settings=asdict(settings),
-    )
-    started = clock.now()
-    try:
-        reference = _calibrate(source(watch.unswitched()), settings, result, progress, clock)
-        if len(reference) >= settings.min_rounds:
-            switch()
-            _bake(source(watch), settings, reference, result, progress, clock)
-    except CanaryFault as exc:
-        result.decision, result.reasons, result.stopped = "fail", [str(exc)], "the canary could not be measured"
-    result.seconds = clock.now() - started
-    log.event(LOG, "canary decided", model=watch.model, version=watch.candidate, decision=result.decision)
-    return result
+    def before_switch(self) -> bool:
+        """Whether the replicas could be compared (`min_rounds` counted rounds within `max_bake_s`), so that the
+        canary replicas may be switched; if not, the canary has decided (inconclusive, or fail on a fault)."""
+        self.reference = self._period(_calibrate, self.watch.unswitched()) or []
+        if len(self.reference) < self.settings.min_rounds or self.result.decision != "inconclusive":
+            self._decided()
+            return False
+        return True
+
+    def after_switch(self) -> CanaryResult:
+        """Rounds with the canary replicas on the candidate until the canary decides, or `max_bake_s` is spent."""
+        self._period(functools.partial(_bake, reference=self.reference), self.watch)
+        self._decided()
+        return self.result
+
+    def _period(self, measure: Callable[..., list[tuple[Side, Side]] | None], watch: Watch) -> list | None:
+        """One period's rounds, measured by `_calibrate` or `_bake`; a fault fails the canary at once."""
+        try:
+            return measure(self.source(watch), self.settings, self.result, self.progress, self.clock)
+        except CanaryFault as exc:
+            self.result.decision, self.result.reasons = "fail", [str(exc)]
+            self.result.stopped = "the canary could not be measured"
+            return None
+
+    def _decided(self) -> None:
+        self.result.seconds = self.clock.now() - self.started
+        decision = self.result.decision
+        log.event(LOG, "canary decided", model=self.watch.model, version=self.watch.candidate, decision=decision)
 
 
 def _rounds(
-    watch: Watch, canary: list[Replica], baseline: list[Replica], settings: CanarySettings, clock: Clock
-) -> Iterator[dict]:
+    watch: Watch, *, canary: list[Replica], baseline: list[Replica], settings: CanarySettings, clock: Clock
+) -> Iterator[CanaryRound]:
     """Every `round_s` seconds, the round's figures per side; CanaryFault when the canary cannot be measured."""
     before = _read(canary + baseline)
     _check_canary(watch, canary, before, before)
@@ -184,15 +170,19 @@ def _rounds(
 
 
 def _calibrate(
-    rounds: Iterator[dict], settings: CanarySettings, result: CanaryResult, progress: Progress | None, clock: Clock
+    rounds: Iterator[CanaryRound],
+    settings: CanarySettings,
+    result: CanaryResult,
+    progress: Progress | None,
+    clock: Clock,
 ) -> list[tuple[Side, Side]]:
     """`min_rounds` counted rounds before the switch (within `max_bake_s`): how the canary replicas compare with
     the others when both serve the stable version. Replicas differ on their own (another node, another core)."""
     started, counted = clock.now(), []
     for figures in rounds:
         result.calibration.append(figures)
-        if figures["counted"]:
-            counted.append((Side(**figures["canary"]), Side(**figures["baseline"])))
+        if figures.counted:
+            counted.append((figures.canary, figures.baseline))
         elapsed = clock.now() - started
         if progress:
             progress(f"canary before the switch, round {len(result.calibration)}: {len(counted)} counted")
@@ -209,20 +199,20 @@ def _calibrate(
 
 
 def _bake(
-    rounds: Iterator[dict],
+    rounds: Iterator[CanaryRound],
     settings: CanarySettings,
-    reference: list[tuple[Side, Side]],
     result: CanaryResult,
     progress: Progress | None,
     clock: Clock,
+    reference: list[tuple[Side, Side]],
 ) -> None:
     started, counted = clock.now(), []
     for figures in rounds:
+        if not result.rounds:  # a freshly loaded version meets each new input shape for the first time
+            figures = replace(figures, counted=False, note="warm-up: the first round after the switch is not counted")
         result.rounds.append(figures)
-        if len(result.rounds) == 1:  # a freshly loaded version meets each new input shape for the first time
-            figures["counted"], figures["note"] = False, "warm-up: the first round after the switch is not counted"
-        if figures["counted"]:
-            counted.append((Side(**figures["canary"]), Side(**figures["baseline"])))
+        if figures.counted:
+            counted.append((figures.canary, figures.baseline))
         result.counted_rounds = len(counted)
         elapsed = clock.now() - started
         if progress:
@@ -242,29 +232,17 @@ def _bake(
             return
 
 
-def canary_count(
-    canary: CanarySettings | None, replicas: list[Replica], previous_version: int | None
-) -> tuple[int, str]:
-    """How many replicas the canary switches first (0: none), and why a canary that was asked for cannot run."""
-    if canary is None or not canary.enabled:
-        return 0, ""
-    if previous_version is None:
-        return 0, "a first release: no stable version serves live traffic to compare the canary with"
-    if len(replicas) <= canary.replicas:
-        return 0, (
-            f"{len(replicas)} replica(s) and {canary.replicas} canary replica(s): none would stay on the stable "
-            "version to compare with"
-        )
-    return canary.replicas, ""
-
-
-def decide(found: CanaryResult, settings: CanarySettings) -> None:
-    """Go on after a pass (or an inconclusive canary when the settings say promote); else raise to revert."""
+def decide(found: CanaryResult, settings: CanarySettings) -> bool:
+    """Whether the promotion goes on: after a pass, or an inconclusive canary when the settings say promote."""
     goes_on = found.decision == "pass" or (found.decision == "inconclusive" and settings.on_inconclusive == "promote")
     found.outcome = "promoted" if goes_on else "reverted"
-    if not goes_on:
-        what = "failed on live traffic" if found.decision == "fail" else "was inconclusive"
-        raise CanaryFailed(f"the canary of {found.model} v{found.version} {what}: {'; '.join(found.reasons)}.")
+    return goes_on
+
+
+def why_reverted(found: CanaryResult) -> str:
+    """The canary's decision that reverts a promotion, in one sentence."""
+    what = "failed on live traffic" if found.decision == "fail" else "was inconclusive"
+    return f"the canary of {found.model} v{found.version} {what}: {'; '.join(found.reasons)}."
 
 
 def _read(replicas: list[Replica]) -> dict[str, Scrape]:
@@ -302,7 +280,7 @@ def _round(
     before: dict[str, Scrape],
     after: dict[str, Scrape],
     settings: CanarySettings,
-) -> dict:
+) -> CanaryRound:
     """One round's figures per side (and per ensemble member); `counted` says whether it takes part."""
     model_deltas: dict[str, list[Counts]] = {}
     notes: list[str] = []
@@ -328,13 +306,7 @@ def _round(
     few = [k for k, s in sides.items() if s.requests < settings.min_requests]
     if few:
         notes.append(f"fewer than {settings.min_requests} live requests on the {' and '.join(few)} side")
-    return {
-        "counted": not notes,
-        "note": "; ".join(notes),
-        "canary": asdict(sides["canary"]),
-        "baseline": asdict(sides["baseline"]),
-        "members": members,
-    }
+    return CanaryRound(not notes, "; ".join(notes), sides["canary"], sides["baseline"], members)
 
 
 def effects(

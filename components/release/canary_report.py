@@ -7,12 +7,11 @@ import html
 import tempfile
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 from components.release.canary_settings import SUMMARY_WINDOW_S
 from components.release.effect_plot import PLOT_FILE, embedded_image, plot
 from components.release.gate_stats import Effect
-from components.release.results import CanaryResult
+from components.release.promotion_records import CanaryResult
 
 ROUND_HEADER = (
     "round",
@@ -46,20 +45,14 @@ def round_rows(result: CanaryResult) -> list[tuple[str, ...]]:
     labelled += [(str(i), r) for i, r in enumerate(result.rounds, 1)]
     rows = []
     for label, r in labelled:
-        sides: list[Any] = [r["canary"], r["baseline"]]
         rows.append(
             (
                 label,
-                "yes" if r["counted"] else f"no: {r['note']}",
+                "yes" if r.counted else f"no: {r.note}",
                 *(
                     cell
-                    for s in sides
-                    for cell in (
-                        str(s["requests"]),
-                        str(s["failures"]),
-                        _fmt(s["mean_ms"], ".3f"),
-                        _fmt(s["p99_ms"], ".3f"),
-                    )
+                    for s in (r.canary, r.baseline)
+                    for cell in (str(s.requests), str(s.failures), _fmt(s.mean_ms, ".3f"), _fmt(s.p99_ms, ".3f"))
                 ),
             )
         )

@@ -20,6 +20,7 @@ from components import log
 from components.errors import TritonshipError
 from components.model.ensemble import member_names
 from components.model.model_config import ModelConfig, pin_version
+from components.release.promotion_records import PromotionRecord
 from components.repository import ModelRepository, lease_owner
 from components.s3 import S3Settings
 from components.serving.replicas import Replica
@@ -75,21 +76,21 @@ def reconcile(
     """Bring every replica to the desired state, and settle the promotions that were killed (only `run_id`'s,
     when given: the pipeline's exit handler)."""
     repo = ModelRepository(repository, s3)
-    killed = [r for r in map(repo.promotion, models or repo.promotion_models()) if r is not None]
-    killed = [r for r in killed if run_id is None or r.get("run_id") == run_id]
-    never_promoted = {r["model"] for r in killed if repo.desired_config(r["model"])[0] is None}
+    found = [PromotionRecord.read(repo, model) for model in models or repo.promotion_models()]
+    killed = [r for r in found if r is not None and (run_id is None or r.run_id == run_id)]
+    never_promoted = {r.model for r in killed if repo.desired_config(r.model)[0] is None}
     wanted = [m for m in models if m not in never_promoted] if models else None
     desired = desired_states(repo, wanted) if wanted != [] else {}
     states = _sync(replicas, desired, dry_run)
     if dry_run:
         return states
     for record in killed:
-        model, members = record["model"], _members(desired.get(record["model"]))
+        model, members = record.model, _members(desired.get(record.model))
         if not all(s.ok for s in states if s.model in (model, *members)):
             continue  # a replica did not come right: the record stays for the next reconcile
-        goes_on = _names(desired.get(model), record["version"])
+        goes_on = _names(desired.get(model), record.version)
         if goes_on and members:
-            finished = {m: pin_version(desired[m], record["version"]) for m in members}
+            finished = {m: pin_version(desired[m], record.version) for m in members}
             for member, config in finished.items():
                 repo.write_desired_config(member, config, repo.desired_config(member)[1])
             states += _sync(replicas, finished, dry_run)
@@ -107,9 +108,8 @@ def _members(config: ModelConfig | None) -> list[str]:
     return member_names(config) if config is not None else []
 
 
-def _settle(repo: ModelRepository, record: dict, goes_on: bool) -> ReplicaState:
-    model, version, phase = record["model"], record["version"], record["phase"]
-    previous = record.get("previous_version")
+def _settle(repo: ModelRepository, record: PromotionRecord, goes_on: bool) -> ReplicaState:
+    model, version, phase, previous = record.model, record.version, record.phase, record.previous_version
     reverted = not goes_on
     said = f"the promotion of v{version} stopped in its {phase} phase and never finished; " + (
         f"reconcile put every replica back on {f'v{previous}' if previous else 'no version'}"
@@ -120,14 +120,14 @@ def _settle(repo: ModelRepository, record: dict, goes_on: bool) -> ReplicaState:
         model,
         "reverted" if reverted else "promoted",
         version,
-        record.get("run_id", ""),
+        record.run_id,
         previous_version=previous,
-        phase=phase,
+        phase=phase.value,
         settled_by="reconcile",
         problems=[said],
     )
     repo.clear_promotion(model)
-    repo.release_lease(model, lease_owner(record.get("run_id", ""), model, version))
+    repo.release_lease(model, lease_owner(record.run_id, model, version))
     log.event(LOG, "promotion settled", model=model, version=version, phase=phase, reverted=reverted)
     action = f"settled: the unfinished promotion of v{version} (stopped in its {phase} phase) was " + (
         "reverted" if reverted else "finished"

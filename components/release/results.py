@@ -1,4 +1,5 @@
-"""What each step hands to the next: the stage, tune, gate and promotion results, with one serialisation.
+"""What each step hands to the next: the stage, tune and gate results, with one serialisation (the promotion's are
+components/release/promotion_records.py).
 
 Every result is a dataclass and a `Result`: `to_json` writes its fields (plus what `derived()` adds for
 readers of the file), `from_json` rebuilds it from its field types, checking them, and ignores the derived
@@ -12,6 +13,7 @@ import json
 import types
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from enum import Enum
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -44,6 +46,11 @@ class Result:
             data = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"not JSON ({exc})") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls: type[R], data: Any) -> R:
+        """`data` (parsed JSON) as this result; ValueError, naming what is wrong, when it is not one."""
         return _build(cls, data, cls.__name__)
 
 
@@ -56,10 +63,11 @@ def _build(kind: Any, value: Any, where: str) -> Any:
         if value is None and type(None) in args:
             return None
         return _build(next(a for a in args if a is not type(None)), value, where)
-    if origin is Literal:
-        if value not in args:
-            raise ValueError(f"{where} is {value!r}, not one of {', '.join(map(repr, args))}")
-        return value
+    if origin is Literal or (isinstance(kind, type) and issubclass(kind, Enum)):
+        allowed = args if origin is Literal else tuple(member.value for member in kind)
+        if value not in allowed:
+            raise ValueError(f"{where} is {value!r}, not one of {', '.join(map(repr, allowed))}")
+        return value if origin is Literal else kind(value)
     if is_dataclass(kind):
         if not isinstance(value, dict):
             raise ValueError(f"{where} is not an object")
@@ -338,56 +346,3 @@ class GateResult:
 
     def to_json(self) -> str:
         return self.as_verdict().to_json()
-
-
-# --------------------------------------------------------------------------------------- promotion
-@dataclass
-class ReplicaOutcome:
-    """One replica after a failed promotion, as it answered when asked: never what we meant it to serve."""
-
-    url: str
-    serving: list[int] | None  # ready versions of the model; None when the replica did not answer
-    reverted: bool  # it serves the previous version and not the candidate (nothing at all before a first release)
-
-    def describe(self) -> str:
-        if self.serving is None:
-            return f"{self.url} did not answer"
-        return f"{self.url} serves " + ("+".join(f"v{v}" for v in self.serving) or "nothing")
-
-
-CanaryDecision = Literal["pass", "fail", "inconclusive", "skipped"]
-
-
-@dataclass
-class CanaryResult(Result):
-    """The canary's decision and its evidence: each limit's effect and every round's figures per side."""
-
-    model: str
-    version: int
-    stable_version: int | None
-    decision: CanaryDecision
-    reasons: list[str]
-    canary_replicas: list[str] = field(default_factory=list)
-    baseline_replicas: list[str] = field(default_factory=list)
-    effects: list[dict[str, Any]] = field(default_factory=list)
-    calibration: list[dict[str, Any]] = field(default_factory=list)  # rounds before the switch, all on stable
-    rounds: list[dict[str, Any]] = field(default_factory=list)  # rounds after it (components/release/canary.py _round)
-    counted_rounds: int = 0
-    seconds: float = 0.0
-    stopped: str = ""
-    outcome: str = ""  # what promote did with the decision: promoted, or reverted
-    settings: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class PromoteResult(Result):
-    model: str
-    version: int
-    previous_version: int | None
-    replicas: list[str]
-    promoted: bool
-    reverted: bool = False  # every replica is back on the previous version (after a failed promotion)
-    problems: list[str] = field(default_factory=list)
-    load_seconds: list[float] = field(default_factory=list)  # per replica, Triton's own load time
-    after_revert: list[ReplicaOutcome] = field(default_factory=list)  # what each replica serves after a revert
-    canary: CanaryResult | None = None  # the live-traffic phase, when promote ran one

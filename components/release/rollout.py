@@ -1,5 +1,5 @@
 """What promote does to one replica: switch it to the new version (and check its answers), or put it back on
-the stable one. components/release/promote.py runs these in its phases.
+the stable one. components/release/promotion.py runs these in its phases (`Fleet`).
 
 An ensemble switches with its members: members' version N is loaded beside the old one, the ensemble is
 reloaded pinned to N in one step, then the old members are unloaded, so no request runs a mix. Triton swaps a
@@ -15,7 +15,7 @@ from components import log
 from components.errors import TritonshipError
 from components.model import model_config
 from components.model.parity import parity_table
-from components.release.results import PromoteResult, ReplicaOutcome
+from components.release.promotion_records import PromoteResult, ReplicaOutcome
 from components.release.stage import CandidateVersion, served_accuracy
 from components.repository import ModelRepository
 from components.s3 import S3Error
@@ -53,6 +53,39 @@ class Release:
         return (
             [model_config.pin_version(c, self.old_members) for c in self.members.values()] if self.old_members else []
         )
+
+
+class Fleet:
+    """The production replicas a promotion switches, through Triton's admin API; a context that closes them."""
+
+    def __init__(self, replicas: list[Replica], load_timeout: float) -> None:
+        self.replicas = replicas
+        self.admins = [TritonAdmin(r.url, load_timeout=load_timeout) for r in replicas]
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for admin in self.admins:
+            admin.close()
+
+    def ensure_live(self) -> None:
+        """Before anything changes: an unreachable replica stops the promotion here."""
+        for admin in self.admins:
+            admin.ensure_live()
+
+    def switch(self, repo: ModelRepository, index: int, release: Release) -> float:
+        return switch_replica(repo, self.replicas[index], self.admins[index], release)
+
+    def revert(
+        self,
+        repo: ModelRepository,
+        release: Release,
+        previous: model_config.ModelConfig | None,
+        desired_etags: dict[str, str],
+        member_previous: dict[str, model_config.ModelConfig | None],
+    ) -> tuple[list[ReplicaOutcome], list[str]]:
+        return revert(repo, release, self.admins, previous, desired_etags, member_previous)
 
 
 def switch_replica(repo: ModelRepository, replica: Replica, admin: TritonAdmin, release: Release) -> float:

@@ -207,7 +207,9 @@ def promote_cmd(
     With the canary (the default), the first replicas switched are measured against the others on live
     traffic first; exit 1 when it reverts."""
     from components.release import canary_report
-    from components.release.promote import CanaryRejected, promote
+    from components.release.promote import PromotionError, promote
+    from components.release.promotion import reverted_by_canary
+    from components.release.promotion_records import Outcome
     from components.release.results import TuneResult, Verdict
     from components.serving.replicas import resolve
 
@@ -215,25 +217,24 @@ def promote_cmd(
     targets = resolve(replicas)
     serving = read_result(tuning, "tuning result", TuneResult).chosen if tuning else None
     with console.status(f"promoting {decided.model} v{decided.version} to {len(targets)} replicas") as status:
-        try:
-            result = promote(
-                repository,
-                decided.model,
-                decided.version,
-                targets,
-                decided.verdict,
-                quality=decided.quality.decision if decided.quality else None,
-                gate_url=one_server(gate) if gate else None,
-                settings=serving,
-                s3=s3_settings(s3_endpoint),
-                progress=lambda what, replica: status.update(f"{what} ({replica.name})"),
-                load_timeout=chosen.load_timeout_s,
-                canary=chosen.canary,
-            )
-        except CanaryRejected as exc:
-            if exc.result and exc.result.canary:
-                canary_report.write(exc.result.canary, out_dir)
-            raise
+        result = promote(
+            repository,
+            decided.model,
+            decided.version,
+            targets,
+            decided.verdict,
+            quality=decided.quality.decision if decided.quality else None,
+            gate_url=one_server(gate) if gate else None,
+            settings=serving,
+            s3=s3_settings(s3_endpoint),
+            progress=lambda what, replica: status.update(f"{what} ({replica.name})"),
+            load_timeout=chosen.load_timeout_s,
+            canary=chosen.canary,
+        )
+    if result.outcome is Outcome.REVERTED:  # by the canary: its report, and exit 1
+        if result.canary:
+            canary_report.write(result.canary, out_dir)
+        raise PromotionError(reverted_by_canary(result), result)
     if result.canary:
         canary_report.write(result.canary, out_dir)
         out_console_line(canary_report.summary(result.canary))
