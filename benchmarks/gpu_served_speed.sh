@@ -14,6 +14,8 @@
 #   bash benchmarks/gpu_served_speed.sh floor --precision fp16   # there: one call of the model step and its GPU busy time
 #   bash benchmarks/gpu_served_speed.sh aoti   # there: the users' BERT4Rec as torch_aoti against TorchScript, one server
 #   bash benchmarks/gpu_served_speed.sh pytest -k instance_count tests/test_aoti.py   # there: any tests
+#   bash benchmarks/gpu_served_speed.sh release_start --rate 50000   # there: the release as the pipeline runs it
+#   bash benchmarks/gpu_served_speed.sh release_wait                 # there, the next call: waits on it
 #
 # One device call carries at most 64 MiB, so the packs travel in two calls to the same warm machine:
 # `bash benchmarks/gpu_served_speed.sh unpack` with only .gpu/site312.tar.xz and .gpu/stub312.tar.xz
@@ -37,7 +39,7 @@ pack() {
     greenlet==3.5.6 brotli==1.2.1 zope.event==6.2 zope.interface==8.7 moto==5.2.5 flask==3.1.3 \
     flask-cors==6.0.5 blinker==1.9.0 itsdangerous==2.2.0 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 \
     responses==0.26.3 xmltodict==1.0.4 werkzeug==3.1.9 pydantic==2.14.4 pydantic_core==2.50.5 \
-    annotated-types==0.8.0 typing-inspection==0.4.5
+    annotated-types==0.8.0 typing-inspection==0.4.5 savvi==0.3.1 py-markdown-table==2.0.0
   # shellcheck disable=SC2086
   .venv/bin/python -m pip install -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     $PLATFORMS --target "$tmp/stub312" numpy==1.26.4
@@ -168,6 +170,29 @@ aoti() {
   timeout -s INT -k 20 "${LIMIT_S:-0}" python3 benchmarks/gpu_aoti.py "$@" 2>&1 \
     | grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace\|USDT\|loss_type" | tee -a "$OUT/gpu_aoti.log" || true
   fetch "gpu_aoti_cuda_*.json"
+}
+
+# The users' BERT4Rec released as the pipeline runs it, then production measured (benchmarks/gpu_release.py; arguments
+# go to it). It outlasts one device call (10 minutes), so it runs in a session of its own (setsid), which the warm
+# machine keeps: `release_start ARGS` unpacks, starts it and waits; `release_wait`, the next call to the same machine
+# (within its 30 s warm), waits on. Each brings back what it has written so far. LIMIT_S=N stops it after N s (SIGINT).
+RELEASE_DIR=/tmp/tritonship-gpu/release
+release_start() {
+  unpack || exit 0
+  mkdir -p "$RELEASE_DIR"
+  rm -f "$RELEASE_DIR/done"
+  cp "$OUT/machine.txt" "$OUT/backend_build.log" "$RELEASE_DIR/" 2>/dev/null || true
+  setsid bash -c "timeout -s INT -k 30 ${LIMIT_S:-1200} python3 benchmarks/gpu_release.py --out $RELEASE_DIR $* \
+    > $RELEASE_DIR/gpu_release.log 2>&1; echo \$? > $RELEASE_DIR/done" < /dev/null > /dev/null 2>&1 &
+  release_wait
+}
+
+release_wait() {
+  # until WAIT_S seconds after this call's script began (the unpacking and building counted)
+  while [ ! -f "$RELEASE_DIR/done" ] && [ $SECONDS -lt "${WAIT_S:-570}" ]; do sleep 5; done
+  cp "$RELEASE_DIR"/*.json "$RELEASE_DIR"/*.log "$RELEASE_DIR"/machine.txt "$OUT/" 2>/dev/null || true
+  grep -v "DEBUG\|frombuffer\|UserWarning\|torch.__trace\|USDT\|loss_type" "$RELEASE_DIR/gpu_release.log" | tail -c 9000 || true
+  if [ -f "$RELEASE_DIR/done" ]; then echo "finished: exit $(cat "$RELEASE_DIR/done")"; else echo "still running"; fi
 }
 
 # Any tests there, in the unpacked environment: `pytest -k instance_count tests/test_aoti.py`.
