@@ -16,8 +16,11 @@ from components.release.results import StageResult, TuneResult
 from components.release.step_settings import pipeline_settings
 from components.release.tune import default_settings
 from components.repository import ModelRepository, lease_owner
+from components.repository.store import STAGING as STAGING_PREFIX
+from components.serving.triton_admin import TritonAdmin
 from components.settings import DEFAULT_GATE_LEASE_S, DEFAULT_GATE_POLL_S
 from pipelines.kfp_components import gate_op, stage_op
+from pipelines.stack import PRODUCTION_PREFIX
 from tests.models import mlp_folder
 from tests.release_helpers import ABSOLUTE_GATE, repository, stage_and_gate, unique
 
@@ -100,10 +103,18 @@ def test_two_models_gated_at_once_take_turns_on_the_one_gate_server(tmp_path, st
 
 
 @pytest.mark.slow
-def test_with_several_gate_servers_each_release_stages_on_a_free_one_and_measures_there(tmp_path, stack):
-    """Two Triton servers of the stack stand for the chart's gate replicas (the production replicas: nothing else
-    loads candidates there); releases are staged through the pipeline's own stage task."""
-    first, second = (s.http_url for s in stack.replicas)
+def test_with_several_gate_servers_each_release_stages_on_a_free_one_and_measures_there(tmp_path, stack, monkeypatch):
+    """The stack's gate and a second one stand for the chart's gate replicas; releases are staged through the
+    pipeline's own stage task."""
+    for key, value in stack.s3.env().items():  # a task reads its S3 credentials from the environment
+        monkeypatch.setenv(key, value)
+    if "gate2" not in stack.servers:
+        stack.add_triton("gate2", [PRODUCTION_PREFIX, STAGING_PREFIX], metrics_config=())
+    first, second = stack.gate.http_url, stack.triton("gate2").http_url
+    for server in (first, second):  # other tests' candidates may be dark on the stack's gate: none here
+        with TritonAdmin(server) as admin:
+            for name in [m for m in admin.ready_models() if m.endswith("__candidate")]:
+                admin.unload(name)
     gates = f"{first},{second}"
     names = [unique("gates") for _ in range(3)]
     repo = ModelRepository(repository(stack), stack.s3)
@@ -121,7 +132,7 @@ def test_with_several_gate_servers_each_release_stages_on_a_free_one_and_measure
         assert one.gate_url == first and one.accuracy_passed  # both free: the first
         two = staged_on(names[1])
         assert two.gate_url == second  # the first holds a release's candidate
-        repo.acquire_gate(second, "a-release-measuring")
+        repo.acquire_gate(second, "a-release-measuring", DEFAULT_GATE_LEASE_S)
         try:
             assert staged_on(names[2], f"127.0.0.1:9,{gates}").gate_url == first  # measuring; unreachable
         finally:

@@ -103,7 +103,7 @@ def test_pipeline_runs_locally_for_a_passing_and_a_failing_candidate(tmp_path, s
     assert _metrics(first)["passed"] == 1.0 and _metrics(first)["candidate_p99_ms"] > 0
 
     # tuning switched off: the gate measures the default settings; the gate server calibrated first
-    calibrating = {"calibrate_rounds": 5, "max_calibrated_budget_s": 600}
+    calibrating = {"calibrate_rounds": 5, "max_calibrated_budget_s": 600.0}
     slow = run_local(
         base | {"model_source": "pipelines.sample_models:sample_v3_slow", "tune": False} | calibrating,
         tmp_path / "runs",
