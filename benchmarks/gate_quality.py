@@ -151,7 +151,7 @@ def served_iteration_us(stack: EmbeddedStack, tmp_path: Path, gpu_base: Path | N
 def round_log_ratios(result) -> list[float]:
     """Each round's log(candidate p99 / stable p99): its spread over A/A rounds is the design's noise."""
     pairs = zip(result.candidate.per_round(), result.stable.per_round(), strict=False)
-    return [float(np.log(c["p99_ms"] / s["p99_ms"])) for c, s in pairs if c["p99_ms"] and s["p99_ms"]]
+    return [float(np.log(c.p99_ms / s.p99_ms)) for c, s in pairs if c.p99_ms and s.p99_ms]
 
 
 @contextlib.contextmanager

@@ -316,7 +316,7 @@ def test_perf_analyzer_killed_mid_run_fails_closed_and_the_rerun_completes(tmp_p
     fault.start()
     verdict = _gate_again(stack, name, version, "run-perf-kill")
     assert not pid_alive(fault.joined())
-    attempts = [(a["round"], a["attempt"], a["exit_code"]) for a in verdict.attempts if a["model"] == candidate]
+    attempts = [(a.round, a.attempt, a.exit_code) for a in verdict.attempts if a.model == candidate]
     assert attempts == [(1, 1, -signal.SIGKILL)], verdict.attempts  # the killed run, recorded; no other run
     assert verdict.verdict == "fail" and verdict.stopped == "a measurement failed", verdict.reasons
     assert f"perf_analyzer on {candidate} v{version} (round 1) exited -9" in verdict.reasons[0], verdict.reasons

@@ -64,7 +64,7 @@ class FakeRounds:
 def _gate(
     rounds: FakeRounds, thresholds: Thresholds, budget_s: float = 90.0, started: float | None = None
 ) -> GateResult:
-    result = GateResult("m", 2, 1, "inconclusive", [])
+    result = GateResult("m", 2, "inconclusive", [], 1)
     settings = GateSettings(thresholds=thresholds, budget_s=budget_s)
     measure_sequentially(result, settings, rounds, with_stable=True, clock=rounds.clock, started=started)
     return result
@@ -121,7 +121,7 @@ def test_perf_analyzer_exit_2_on_one_round_is_measured_again_not_inconclusive():
     result = _gate(rounds, Thresholds())
     assert result.verdict == "pass", result.reasons
     assert rounds.calls == result.rounds + 1
-    attempts = [(a["round"], a["attempt"], a["exit_code"]) for a in result.attempts if a["model"] == "m__candidate"]
+    attempts = [(a.round, a.attempt, a.exit_code) for a in result.attempts if a.model == "m__candidate"]
     assert attempts[:3] == [(1, 1, 0), (2, 1, 2), (2, 2, 0)]  # every attempt is in verdict.json
 
 

@@ -94,6 +94,53 @@ def test_the_promotion_record_reads_what_earlier_releases_wrote_and_writes_the_s
         PromotionRecord.from_dict({**earlier, "phase": "bake"})
 
 
+def test_a_verdict_reads_what_earlier_gates_wrote_and_writes_the_same_keys_and_values():
+    # verdict.json as the gate wrote it before its lists were typed (fields in their order of then)
+    effect = Effect("p99", 0.04, -0.01, 0.09, 0.1, True, "%")
+    point = {"concurrency": 4.0, "throughput": 100.0, "p50_us": 1.0, "p90_us": 2.0, "p95_us": 3.0, "p99_us": 4.0}
+    run = {"model": "m__candidate", "version": "3", "exit_code": 0, "ok": True, "reason": "", "seconds": 3.2}
+    earlier = {
+        "model": "m",
+        "version": 3,
+        "verdict": "pass",
+        "reasons": ["ok"],
+        "stable_version": 2,
+        "effects": [effect.to_dict()],
+        "rounds": 1,
+        "stopped": "decided",
+        "attempts": [
+            {
+                "round": 1,
+                "attempt": 1,
+                **run,
+                "requests": 5,
+                "points": [{**point, "server_queue_us": 5.0, "server_compute_us": 6.0}],
+                "stderr_tail": "",
+            }
+        ],
+        "measurement_seconds": 3.0,
+        "stable_load_seconds": 0.0,
+        "gate_wait_s": 0.0,
+        "gate_url": "g:8000",
+        "calibration": None,
+        "settings": {"concurrency": 4},
+        "tuning": None,
+        "server": {},
+        "candidate_summary": {"p99_ms": 2.0},
+        "stable_summary": {"p99_ms": 2.0},
+        "candidate_rounds": [{"throughput": 3.0, "p50_ms": 1.5, "p99_ms": 2.0}],
+        "stable_rounds": [{"throughput": 3.0, "p50_ms": 1.5, "p99_ms": None}],
+        "p99_regression_pct": 4.0,
+        "throughput_regression_pct": None,
+        "quality": None,
+        "speed_verdict": None,
+    }
+    verdict = Verdict.from_dict(earlier)
+    assert verdict.effect("p99") == effect and verdict.attempts[0].points[0].p99_us == 4.0
+    assert verdict.candidate_rounds[0].p50_ms == 1.5 and verdict.p99_regression_pct == 4.0
+    assert json.loads(verdict.to_json()) == earlier
+
+
 # ------------------------------------------------------------------------------------------------- the reports
 P99_WITHIN = Effect("p99", 0.04, -0.02, 0.098, 0.10, True, "%")
 P99_BEYOND = Effect("p99", 0.31, 0.20, 0.42, 0.10, True, "%")
@@ -119,7 +166,7 @@ def _quality(decision: str, effect: Effect, more_rows: int = 0) -> QualityResult
 
 
 def _gated(effects: list[Effect], reasons: list[str], verdict: str, quality: QualityResult | None = None) -> GateResult:
-    result = GateResult("m", 3, 2, verdict, reasons, effects=effects, rounds=4, settings={"confidence": 0.9})
+    result = GateResult("m", 3, verdict, reasons, 2, effects=effects, rounds=4, settings={"confidence": 0.9})
     for side in (result.candidate, result.stable):
         side.add(np.array([1.0, 1.5, 2.0]), 1.0)
     if quality is not None:  # as gate.gate folds it in

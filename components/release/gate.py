@@ -45,7 +45,7 @@ from components.model import model_config
 from components.release import gate_calibration, gate_stats
 from components.release.gate_turn import GateBusy, gate_turn
 from components.release.quality import fold_into_verdict
-from components.release.results import GateCalibration, GateResult, QualityResult, StageResult, TuneResult
+from components.release.results import Attempt, GateCalibration, GateResult, QualityResult, StageResult, TuneResult
 from components.release.stage import load_stable, read_candidate
 from components.repository import ModelRepository, candidate_name, lease_owner
 from components.s3 import S3Settings
@@ -85,7 +85,7 @@ def measure_sequentially(
             round_seconds = max(round_seconds, took)
             result.measurement_seconds += took
             for run in runs:
-                result.attempts.append({"round": result.rounds + 1, "attempt": attempt, **run.to_dict()})
+                result.attempts.append(Attempt.of(result.rounds + 1, attempt, run))
             broken = next((r for r in runs if not r.ok and r.exit_code != 2), None)
             if broken is not None:
                 result.verdict, result.stopped = "fail", "a measurement failed"
@@ -193,7 +193,7 @@ def gate(
     repo = ModelRepository(repository, s3)
     desired, _ = repo.desired_config(model)
     stable_version = desired.version_policy.specific.versions[0] if desired else None
-    result = GateResult(model, version, stable_version, "inconclusive", [], settings=_settings_dict(settings))
+    result = GateResult(model, version, "inconclusive", [], stable_version, settings=_settings_dict(settings))
     result.gate_url = gate_url
     result.tuning = json.loads(tuning.to_json()) if tuning is not None else None
     try:

@@ -126,7 +126,7 @@ def how_measured(result: GateResult) -> str:
         if settings.get("request_rate")
         else f"concurrency {settings.get('concurrency')}"
     )
-    attempts = len({(a["round"], a["attempt"]) for a in result.attempts})
+    attempts = len({(a.round, a.attempt) for a in result.attempts})
     groups = settings.get("client_cpu_groups")
     where = (
         f" (both perf_analyzers on the same CPUs, in turn {' | '.join(','.join(map(str, g)) for g in groups)})"

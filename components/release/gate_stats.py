@@ -78,6 +78,15 @@ def round_requests(
 
 
 @dataclass
+class RoundFigures:
+    """One round of one model, as verdict.json lists them."""
+
+    throughput: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+
+
+@dataclass
 class Rounds:
     """One model's measurement, round by round: every request's latency (ms) and the seconds measured."""
 
@@ -106,14 +115,14 @@ class Rounds:
     def throughput(self) -> float | None:
         return self.requests / sum(self.seconds) if self.seconds and sum(self.seconds) > 0 else None
 
-    def per_round(self) -> list[dict[str, float | None]]:
+    def per_round(self) -> list[RoundFigures]:
         """Each round's own figures, for the report."""
         return [
-            {
-                "throughput": lat.size / sec if sec > 0 else None,
-                "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
-                "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
-            }
+            RoundFigures(
+                lat.size / sec if sec > 0 else None,
+                float(np.percentile(lat, 50)) if lat.size else None,
+                float(np.percentile(lat, 99)) if lat.size else None,
+            )
             for lat, sec in zip(self.latencies_ms, self.seconds, strict=True)
         ]
 
@@ -242,8 +251,8 @@ def effects(
     if len(candidate) == 0 or not candidate.requests:
         return []
     c_rounds = candidate.per_round()
-    c_p99 = [r["p99_ms"] for r in c_rounds]
-    c_tp = [r["throughput"] for r in c_rounds]
+    c_p99 = [r.p99_ms for r in c_rounds]
+    c_tp = [r.throughput for r in c_rounds]
     out: list[Effect] = []
 
     def add(name: str, logs: np.ndarray, limit: float, higher_is_worse: bool, unit: str, relative: bool) -> None:
@@ -269,9 +278,9 @@ def effects(
         raise ValueError("the stable measurement must have one round for each of the candidate's")
     s_rounds = stable.per_round()
     if limits.max_p99_increase is not None:
-        add("p99", _log(_ratios(c_p99, [r["p99_ms"] for r in s_rounds])), limits.max_p99_increase, True, "%", True)
+        add("p99", _log(_ratios(c_p99, [r.p99_ms for r in s_rounds])), limits.max_p99_increase, True, "%", True)
     if limits.max_throughput_drop is not None:
-        tp = [(c or 0.0) / s if s else 1e3 for c, s in zip(c_tp, [r["throughput"] for r in s_rounds], strict=True)]
+        tp = [(c or 0.0) / s if s else 1e3 for c, s in zip(c_tp, [r.throughput for r in s_rounds], strict=True)]
         add("throughput", np.log(np.clip(tp, 1e-3, 1e3)), -limits.max_throughput_drop, False, "%", True)
     return out
 

@@ -20,7 +20,9 @@ import numpy as np
 
 from components.model.model_config import ServingSettings
 from components.model.parity import OutputParity
-from components.release.gate_stats import Effect, Rounds
+from components.release.gate_stats import Effect, RoundFigures, Rounds
+from components.serving import perf
+from components.serving.perf import LoadPoint
 
 R = TypeVar("R", bound="Result")
 VerdictName = Literal["pass", "fail", "inconclusive"]
@@ -34,7 +36,7 @@ class Result:
         return {}
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), **self.derived()}  # type: ignore[call-overload]
+        return {**_plain(self), **self.derived()}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)
@@ -52,6 +54,20 @@ class Result:
     def from_dict(cls: type[R], data: Any) -> R:
         """`data` (parsed JSON) as this result; ValueError, naming what is wrong, when it is not one."""
         return _build(cls, data, cls.__name__)
+
+
+def _plain(value: Any) -> Any:
+    """`value` as JSON's types, as `asdict` makes it, but a record with its own `to_dict` (an `Effect`: its
+    status and text) written by it."""
+    if is_dataclass(value) and not isinstance(value, type):
+        if not isinstance(value, Result) and hasattr(value, "to_dict"):
+            return value.to_dict()
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def _build(kind: Any, value: Any, where: str) -> Any:
@@ -265,18 +281,40 @@ class GateCalibration(Result):
 
 
 @dataclass
-class Verdict(Result):
-    """verdict.json: the gate's decision and its evidence, as the next steps and people read it."""
+class Attempt:
+    """One perf_analyzer run of a gate round, as verdict.json lists every one (perf.PerfRun's figures)."""
+
+    round: int
+    attempt: int
+    model: str
+    version: str
+    exit_code: int
+    ok: bool
+    reason: str
+    seconds: float
+    requests: int
+    points: list[LoadPoint] = field(default_factory=list)
+    stderr_tail: str = ""
+
+    @classmethod
+    def of(cls, number: int, attempt: int, run: perf.PerfRun) -> Attempt:
+        """Attempt `attempt` of round `number`."""
+        return cls(number, attempt, **{**run.to_dict(), "points": run.points})
+
+
+@dataclass
+class GateOutcome:
+    """What the gate decided and how it measured: the fields its full result and its verdict share."""
 
     model: str
     version: int
     verdict: VerdictName
     reasons: list[str]
     stable_version: int | None = None  # none: a first release
-    effects: list[dict[str, Any]] = field(default_factory=list)  # each limit's estimate and interval
+    effects: list[Effect] = field(default_factory=list)  # each limit's estimate and interval
     rounds: int = 0
     stopped: str = ""  # why the gate stopped measuring
-    attempts: list[dict[str, Any]] = field(default_factory=list)  # every perf_analyzer run
+    attempts: list[Attempt] = field(default_factory=list)  # every perf_analyzer run
     measurement_seconds: float = 0.0
     stable_load_seconds: float = 0.0
     gate_wait_s: float = 0.0  # waited for the gate server while other releases measured there (gate_turn.py)
@@ -285,41 +323,8 @@ class Verdict(Result):
     settings: dict[str, Any] = field(default_factory=dict)
     tuning: dict[str, Any] | None = None  # the tune step's result (TuneResult's JSON)
     server: dict[str, Any] = field(default_factory=dict)  # the gate server's GPU/CPU figures while measuring
-    candidate_summary: dict[str, Any] = field(default_factory=dict)
-    stable_summary: dict[str, Any] = field(default_factory=dict)
-    candidate_rounds: list[dict[str, Any]] = field(default_factory=list)
-    stable_rounds: list[dict[str, Any]] = field(default_factory=list)
-    p99_regression_pct: float | None = None
-    throughput_regression_pct: float | None = None
     quality: QualityResult | None = None  # the quality check on labelled data, when the release has one
     speed_verdict: VerdictName | None = None  # the speed measurement's own verdict, before quality is folded in
-
-
-@dataclass
-class GateResult:
-    """The gate's full result while it measures: every round's latencies; written as a `Verdict`."""
-
-    model: str
-    version: int
-    stable_version: int | None
-    verdict: VerdictName
-    reasons: list[str]
-    candidate: Rounds = field(default_factory=Rounds)
-    stable: Rounds = field(default_factory=Rounds)
-    effects: list[Effect] = field(default_factory=list)
-    rounds: int = 0
-    stopped: str = ""
-    attempts: list[dict[str, Any]] = field(default_factory=list)
-    measurement_seconds: float = 0.0
-    stable_load_seconds: float = 0.0
-    gate_wait_s: float = 0.0
-    gate_url: str = ""
-    calibration: GateCalibration | None = None
-    settings: dict[str, Any] = field(default_factory=dict)
-    tuning: dict[str, Any] | None = None
-    server: dict[str, Any] = field(default_factory=dict)
-    quality: QualityResult | None = None
-    speed_verdict: VerdictName | None = None
 
     def effect(self, name: str) -> Effect | None:
         return next((e for e in self.effects if e.name == name), None)
@@ -334,10 +339,33 @@ class GateResult:
         found = self.effect("throughput")
         return None if found is None else -found.estimate * 100
 
+
+@dataclass
+class Verdict(GateOutcome, Result):
+    """verdict.json: the gate's decision and its evidence, as the next steps and people read it."""
+
+    candidate_summary: dict[str, Any] = field(default_factory=dict)
+    stable_summary: dict[str, Any] = field(default_factory=dict)
+    candidate_rounds: list[RoundFigures] = field(default_factory=list)
+    stable_rounds: list[RoundFigures] = field(default_factory=list)
+
+    def derived(self) -> dict[str, Any]:
+        return {
+            "p99_regression_pct": self.p99_regression_pct,
+            "throughput_regression_pct": self.throughput_regression_pct,
+        }
+
+
+@dataclass
+class GateResult(GateOutcome):
+    """The gate's full result while it measures: every round's latencies; written as a `Verdict`."""
+
+    candidate: Rounds = field(default_factory=Rounds)
+    stable: Rounds = field(default_factory=Rounds)
+
     def as_verdict(self) -> Verdict:
-        shared = {f.name: getattr(self, f.name) for f in fields(Verdict) if hasattr(self, f.name)}
         return Verdict(
-            **{**shared, "effects": [e.to_dict() for e in self.effects]},
+            **{f.name: getattr(self, f.name) for f in fields(GateOutcome)},
             candidate_summary=self.candidate.summary(),
             stable_summary=self.stable.summary(),
             candidate_rounds=self.candidate.per_round(),
