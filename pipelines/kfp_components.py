@@ -191,6 +191,8 @@ def quality_op(
     return result.to_json()
 
 
+# The outputs are PIPELINE_STEPS written out: KFP runs this function's source alone in the task's image, so its
+# return annotation cannot read the list; tests/test_settings.py checks that they are the list's.
 @step("tools")
 def settings_op(parameters: dict, quality_spec: str = "") -> NamedTuple(
     "Steps",

@@ -13,7 +13,7 @@ from typing import Any
 from kfp import dsl, kubernetes
 from kfp.dsl import Input, Model
 
-from components.release.step_settings import pipeline_parameters
+from components.release.step_settings import PIPELINE_STEPS, pipeline_parameters
 from components.serving import admin_key
 from pipelines.kfp_components import (
     calibrate_op,
@@ -30,8 +30,9 @@ from pipelines.kfp_components import (
 from pipelines.kfp_model_components import compile_op, export_op
 
 STEP = pipeline_parameters()  # every step setting that is a pipeline parameter, by its name there
-# release_steps' tasks' settings, by settings_op's outputs (components/release/step_settings.py PIPELINE_STEPS)
-RELEASE_STEPS = ("publish", "load", "quality", "tune", "gate", "promote")
+MODEL_STEPS = ("export", "compile")  # the tasks that take the user's model, before release_steps
+# release_steps' tasks' settings, by settings_op's outputs
+RELEASE_STEPS = tuple(step for step in PIPELINE_STEPS if step not in MODEL_STEPS)
 AWS_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
 ADMIN_SECRET_KEYS = {"admin-key": admin_key.ENV}  # the Secret the Helm chart's Tritons take their admin key from
 # One line: KFP copies defaults into the compiled file's header comment, and a multi-line default breaks it.
@@ -54,8 +55,23 @@ def _with_secrets(task: dsl.PipelineTask, aws_secret_name: str, admin_secret_nam
     )
 
 
-@dsl.pipeline(name="tritonship-release-steps", description="publish, stage, gate, then promote or reject")
-def release_steps(
+def with_parameters(body: Callable[..., Any], made: list[inspect.Parameter]) -> Callable[..., Any]:
+    """`body` with the parameters `made` after its own: KFP reads this signature, and calls it with every parameter
+    in order; body gets `made` as keywords."""
+    own = [p for p in inspect.signature(body).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    signature = inspect.Signature([*own, *made])
+
+    def pipeline(*args: Any, **kwargs: Any) -> Any:
+        given = signature.bind(*args, **kwargs)
+        given.apply_defaults()
+        return body(**given.arguments)
+
+    pipeline.__signature__ = signature  # type: ignore[attr-defined]
+    pipeline.__doc__ = body.__doc__
+    return pipeline
+
+
+def _release_steps(
     compiled: Input[Model],
     model_name: str,
     repository: str,
@@ -64,15 +80,11 @@ def release_steps(
     admin_secret_name: str,
     replicas: str,
     gate: str,
-    publish_settings: dict,
-    load_settings: dict,
-    quality_settings: dict,
-    tune_settings: dict,
-    gate_settings: dict,
-    promote_settings: dict,
+    **settings: Any,  # each of RELEASE_STEPS' settings, as `<step>_settings`
 ):
     """Each task takes its own step's settings (settings_op's outputs, `steps_settings`): a change to one step's
     leaves the other tasks' inputs, and so KFP's cache of them, as they were."""
+    step = {name: settings[f"{name}_settings"] for name in RELEASE_STEPS}
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
     cleanup = _with_secrets(
         finish_release_op(
@@ -93,7 +105,7 @@ def release_steps(
                 repository=repository,
                 s3_endpoint=s3_endpoint,
                 run_id=run_id,
-                settings=publish_settings,
+                settings=step["publish"],
             ),
             aws_secret_name,
         )
@@ -105,7 +117,7 @@ def release_steps(
                 gate=gate,
                 s3_endpoint=s3_endpoint,
                 run_id=run_id,
-                settings=gate_settings,
+                settings=step["gate"],
             ),
             aws_secret_name,
             admin_secret_name,
@@ -118,7 +130,7 @@ def release_steps(
                 gate=gate,
                 s3_endpoint=s3_endpoint,
                 run_id=run_id,
-                settings=load_settings,
+                settings=step["load"],
             ),
             aws_secret_name,
             admin_secret_name,
@@ -132,7 +144,7 @@ def release_steps(
                 stage_result=staged.output,
                 s3_endpoint=s3_endpoint,
                 run_id=run_id,
-                settings=quality_settings,
+                settings=step["quality"],
             ),
             aws_secret_name,
             admin_secret_name,
@@ -146,7 +158,7 @@ def release_steps(
                 stage_result=staged.output,
                 s3_endpoint=s3_endpoint,
                 run_id=run_id,
-                settings=tune_settings,
+                settings=step["tune"],
             ),
             aws_secret_name,
             admin_secret_name,
@@ -162,7 +174,7 @@ def release_steps(
                 quality_json=judged.outputs["Output"],
                 s3_endpoint=s3_endpoint,
                 run_id=run_id,
-                settings=gate_settings,
+                settings=step["gate"],
             ),
             aws_secret_name,
             admin_secret_name,
@@ -179,7 +191,7 @@ def release_steps(
                     tuning_json=tuned.outputs["Output"],
                     s3_endpoint=s3_endpoint,
                     run_id=run_id,
-                    settings=promote_settings,
+                    settings=step["promote"],
                 ),
                 aws_secret_name,
                 admin_secret_name,
@@ -198,6 +210,20 @@ def release_steps(
                 aws_secret_name,
                 admin_secret_name,
             )
+
+
+# KFP reads a pipeline's parameters from its signature: release_steps' settings parameters are made from RELEASE_STEPS
+release_steps = dsl.pipeline(
+    name="tritonship-release-steps", description="publish, stage, gate, then promote or reject"
+)(
+    with_parameters(
+        _release_steps,
+        [
+            inspect.Parameter(f"{s}_settings", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=dict)
+            for s in RELEASE_STEPS
+        ],
+    )
+)
 
 
 def steps_settings(checked: dsl.PipelineTask) -> dict[str, Any]:
@@ -289,22 +315,17 @@ def _release_pipeline(
 
 
 def with_step_parameters(body: Callable[..., Any], doc: str) -> Callable[..., Any]:
-    """`body` with every step setting that is a pipeline parameter (STEP) as a parameter of its own after body's:
-    KFP reads this signature, and each parameter's description from the docstring, made from the settings
-    types like the CLI's options. KFP calls it with every parameter in order; body gets the steps' as keywords."""
-    own = [p for p in inspect.signature(body).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    made = [
-        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=p.default, annotation=p.pipeline_kind)
-        for name, p in STEP.items()
-    ]
-    signature = inspect.Signature([*own, *made])
-
-    def release_pipeline(*args: Any, **kwargs: Any) -> Any:
-        given = signature.bind(*args, **kwargs)
-        given.apply_defaults()
-        return body(**given.arguments)
-
-    release_pipeline.__signature__ = signature  # type: ignore[attr-defined]
+    """`body` with every step setting that is a pipeline parameter (STEP) as a parameter of its own after body's,
+    each parameter's description in the docstring, made from the settings types like the CLI's options."""
+    release_pipeline = with_parameters(
+        body,
+        [
+            inspect.Parameter(
+                name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=p.default, annotation=p.pipeline_kind
+            )
+            for name, p in STEP.items()
+        ],
+    )
     release_pipeline.__doc__ = doc + "".join(f"    {n}: {p.help}\n" for n, p in STEP.items())
     return release_pipeline
 

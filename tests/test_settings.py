@@ -128,10 +128,18 @@ def test_each_task_gets_only_its_own_steps_settings_so_kfp_caches_the_rest(chang
     assert {step for step in before if before[step] != after[step]} == steps
 
 
-def test_each_pipeline_task_is_handed_its_own_steps_settings():
+def test_the_pipeline_is_wired_from_the_one_list_of_steps():
+    """PIPELINE_STEPS is the one list: the pipeline's parameters, settings_op's outputs (written out, as KFP runs
+    the op's source on its own: checked here) and the steps' settings inputs are all made from it."""
     from pipelines.kfp_components import settings_op
+    from pipelines.pipeline import MODEL_STEPS, RELEASE_STEPS, release_pipeline, release_steps
 
+    options = {o.pipeline for kind in PIPELINE_STEPS.values() for o in kind.options().values() if o.pipeline}
+    assert set(inspect.signature(release_pipeline.pipeline_func).parameters) == WIRING | options
     assert list(settings_op.component_spec.outputs) == list(PIPELINE_STEPS)
+    assert (*MODEL_STEPS, *RELEASE_STEPS) == tuple(PIPELINE_STEPS)
+    inputs = {n for n in release_steps.component_spec.inputs if n.endswith("_settings")}
+    assert inputs == {f"{step}_settings" for step in RELEASE_STEPS}
     spec = _compiled()
     tasks = {
         n: t for c in [spec["root"], *spec["components"].values()] for n, t in c.get("dag", {}).get("tasks", {}).items()
@@ -154,6 +162,7 @@ def test_each_pipeline_task_is_handed_its_own_steps_settings():
     for op, step in ops.items():
         assert fed(release, f"{step}_settings") == step
         assert fed(f"{op}-op").removeprefix("pipelinechannel--") == f"{step}_settings"
+    assert {*MODEL_STEPS, *ops.values()} == set(PIPELINE_STEPS)  # every step's settings reach a task
 
 
 def _commands(tree: ast.Module) -> list[tuple[tuple[str, ...], ast.FunctionDef]]:
