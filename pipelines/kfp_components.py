@@ -216,7 +216,7 @@ def settings_op(parameters: dict, quality_spec: str = "") -> NamedTuple(
 
     from components.release.step_settings import pipeline_settings
 
-    steps = pipeline_settings({**parameters, **({"quality_spec": quality_spec} if quality_spec else {})})
+    steps = pipeline_settings({**parameters, "quality_spec": quality_spec})
     return namedtuple("Steps", list(steps))(**steps)
 
 

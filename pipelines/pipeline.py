@@ -283,7 +283,8 @@ def _release_pipeline(
     gate: str = "k8s://triton/app.kubernetes.io/component=gate",
     **steps: Any,  # every step's settings, by their pipeline names (STEP)
 ):
-    # checked once, before anything runs; each task then gets its own step's
+    # checked once, before anything runs; each task then gets its own step's. The spec's text goes beside the
+    # dict only into settings_op, which hands it on as the quality settings' (its docstring says why)
     parameters = {n: v for n, v in steps.items() if n != "quality_spec"}
     checked = settings_op(parameters=parameters, quality_spec=steps["quality_spec"])
     exported = _with_s3_secret(

@@ -334,3 +334,15 @@ def test_the_step_functions_default_to_their_settings_types():
     assert defaults(Maintenance.gc)["grace_seconds"] == RepoGcSettings().grace
     assert defaults(Leases.acquire_lease)["seconds"] == settings.DEFAULT_LEASE_S
     assert TuneSettings().load.window_ms == LoadSettings().window_ms == settings.DEFAULT_WINDOW_MS
+
+
+def test_the_quality_spec_is_parsed_once_where_its_settings_are_checked(monkeypatch):
+    from components.release.quality_spec import QualitySettings, QualitySpec
+
+    parsed = []
+    parse = QualitySpec.from_text
+    monkeypatch.setattr(QualitySpec, "from_text", lambda *a: parsed.append(a) or parse(*a))
+    text = '{"metrics": [{"metric": "hit_rate", "output": "topk", "label": "next_item"}]}'
+    checked = QualitySettings.from_flat(eval_data="s3://b/eval.parquet", quality_spec=text)
+    assert checked.spec.metrics[0].metric == "hit_rate" and checked.spec is checked.spec
+    assert len(parsed) == 1

@@ -23,6 +23,7 @@ A metric without any limit gets `max_drop_pct` DEFAULT_QUALITY_MAX_DROP_PCT. For
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated
 
@@ -234,12 +235,12 @@ class QualitySettings(StepSettings):
             raise ValueError("{quality_spec} is given without {eval_data}; give the data")
         if self.quality_spec:
             try:
-                spec_from_argument(self.quality_spec)
+                _ = self.spec  # parsed here, once: the step reads this parse
             except QualitySpecError as exc:
                 raise ValueError(str(exc)) from None
         return self
 
-    @property
+    @cached_property
     def spec(self) -> QualitySpec:
         return spec_from_argument(self.quality_spec)
 
