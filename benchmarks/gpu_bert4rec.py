@@ -287,8 +287,7 @@ def main() -> None:
         source = f"from {args.tuned_from}" if args.tuned_from else tuning.confirmation or "the default"
         print(f"tuned: {tuning.chosen} ({source})", flush=True)
         gating = GateSettings(
-            concurrency=args.tune_concurrency,
-            window_ms=WINDOW_MS,
+            load=dataclasses.replace(GateSettings().load, concurrency=args.tune_concurrency, window_ms=WINDOW_MS),
             thresholds=Thresholds(
                 max_p99_ms=args.gate_p99_ms, max_p99_regression_pct=None, max_throughput_regression_pct=None
             ),

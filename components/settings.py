@@ -97,8 +97,8 @@ class Limits:
 
 @step_settings("perf_analyzer load")
 class LoadSettings(StepSettings):
-    """How perf_analyzer loads the server; `tritonship tune`'s load options are these (the gate's load is its
-    own settings', GateSettings.load)."""
+    """How perf_analyzer loads the server; `tritonship tune`'s load options are these (the gate takes three of
+    them, GateSettings.load)."""
 
     concurrency: Annotated[
         int, setting("perf_analyzer concurrency, per model (tune at the gate's)", pipeline=None, ge=1)
@@ -165,9 +165,15 @@ class Thresholds(StepSettings):
 
 @step_settings("gate")
 class GateSettings(StepSettings):
-    concurrency: Annotated[int, setting("perf_analyzer concurrency, per model", ge=1)] = DEFAULT_CONCURRENCY
-    request_rate: Annotated[Off, setting("a fixed request rate per model instead of concurrency; 0 is off")] = None
-    window_ms: Annotated[int, setting("length of one measured window, ms", ge=100)] = DEFAULT_WINDOW_MS
+    # perf_analyzer's load with its stability check relaxed; of its options the gate takes three, in its own words
+    load: LoadSettings = flattened(
+        lambda: LoadSettings(concurrency=DEFAULT_CONCURRENCY, stability_pct=RELAXED_STABILITY_PCT),
+        options={
+            "concurrency": setting("perf_analyzer concurrency, per model"),
+            "request_rate": setting("a fixed request rate per model instead of concurrency; 0 is off"),
+            "window_ms": setting("length of one measured window, ms"),
+        },
+    )
     thresholds: Thresholds = flattened(Thresholds)
     design: Annotated[Design, setting("duet (candidate and stable measured at once) or alternating")] = DEFAULT_DESIGN
     min_rounds: Annotated[int, setting("rounds measured before any decision", ge=DEFAULT_MIN_ROUNDS)] = (
@@ -198,12 +204,3 @@ class GateSettings(StepSettings):
     max_attempts: Annotated[int, Field(ge=1)] = DEFAULT_MAX_ATTEMPTS
     confidence: Annotated[float, Field(ge=0.5, lt=1)] = DEFAULT_CONFIDENCE
     perf_timeout_s: Annotated[float, Field(gt=0)] = DEFAULT_PERF_TIMEOUT_S
-
-    @property
-    def load(self) -> LoadSettings:
-        return LoadSettings(
-            concurrency=self.concurrency,
-            request_rate=self.request_rate,
-            window_ms=self.window_ms,
-            stability_pct=RELAXED_STABILITY_PCT,
-        )

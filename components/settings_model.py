@@ -5,9 +5,10 @@ components/release/step_settings.py `pipeline_parameters`) and their check are m
 
 A field a person sets is declared with `setting(...)`; a field without it is the code's own (the gate's
 confidence), and a field marked `flattened()` holds settings of their own whose options are the step's (the
-gate's thresholds, tune's perf_analyzer load, promote's canary). The flat form is the settings as a person
-sets them: one value per option, by the option's name, a limit that is off as 0 (`Off`), counts as
-comma-separated text (`Counts`). `from_flat` and `to_flat` are the one mapping between the two forms.
+gate's thresholds, the gate's and tune's perf_analyzer load, promote's canary; `flattened(options=...)` takes
+some of them only, said in the step's words). The flat form is the settings as a person sets them: one value
+per option, by the option's name, a limit that is off as 0 (`Off`), counts as comma-separated text (`Counts`).
+`from_flat` and `to_flat` are the one mapping between the two forms.
 
 A value a settings type refuses raises SettingsError (a ValueError) where the settings are built, one plain
 sentence naming each refused option; the CLI names them as the user typed them (`--min-rounds`)."""
@@ -69,9 +70,12 @@ def setting(
     return Field(description=help, json_schema_extra={**extra, "expect": expect}, **bounds)
 
 
-def flattened(factory: Callable[[], Any]) -> Any:
-    """A field of settings of their own, whose options are the step's; its default is factory()."""
-    return Field(default_factory=factory, json_schema_extra={"flatten": True})
+def flattened(factory: Callable[[], Any], options: dict[str, Any] | None = None) -> Any:
+    """A field of settings of their own, whose options are the step's; its default is factory(). `options`, if
+    given, are the only ones the step takes, each said for this step by a `setting(...)` (its help and names; its
+    bounds stay the nested type's); the rest are the code's own here."""
+    said = {n: {**f.json_schema_extra, "help": f.description} for n, f in (options or {}).items()}
+    return Field(default_factory=factory, json_schema_extra={"flatten": True, **({"options": said} if options else {})})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +195,8 @@ def _declared(cls: Any, path: tuple[str, ...] = ()) -> dict[str, Option]:
         extra = info.json_schema_extra or {}
         if extra.get("flatten"):
             inner = _declared(info.annotation, (*path, field))
+            if "options" in extra:
+                inner = {n: _said(inner[n], said) for n, said in extra["options"].items()}
             if set(inner) & set(found):
                 raise TypeError(f"{cls.__name__}: two settings are the option {min(set(inner) & set(found))}")
             found |= inner
@@ -214,6 +220,19 @@ def _declared(cls: Any, path: tuple[str, ...] = ()) -> dict[str, Option]:
                 counts,
             )
     return found
+
+
+def _said(option: Option, said: dict[str, Any]) -> Option:
+    """A nested option as the step that nests it says it (flattened's `options`)."""
+    return dataclasses.replace(
+        option,
+        help=said["help"],
+        pipeline=option.name if said["pipeline"] == SAME else said["pipeline"],
+        cli=said["cli"],
+        flags=tuple(said["flags"]) or option.flags,
+        envvar=said["envvar"],
+        expect=said["expect"] or option.expect,
+    )
 
 
 @functools.cache

@@ -52,7 +52,7 @@ def test_the_gate_says_up_front_when_its_calibration_puts_the_limits_out_of_reac
     assert verdict.reasons[0].startswith("the p99 limit (10%) is beyond what the 120 s budget decides on this gate")
     assert "a budget of" in verdict.reasons[0] and len(verdict.reasons) == 2  # throughput's noise is within reach
     # allowed a longer budget, the gate takes what the calibration asks for and measures
-    allowed = GateSettings(max_calibrated_budget_s=3600, budget_s=120, window_ms=250)  # short rounds: quick
+    allowed = GateSettings.from_flat(max_calibrated_budget_s=3600, budget_s=120, window_ms=250)  # short rounds: quick
     taken = gate(repository(stack), name, version, stack.gate.http_url, allowed, s3=stack.s3)
     needed = budgets(taken.calibration, allowed)
     assert taken.rounds >= 5 and taken.settings["budget_s"] == float(np.ceil(max(needed.values())))

@@ -238,12 +238,12 @@ def test_flat_settings_round_trip_and_zero_is_off_everywhere():
     off = GateSettings.from_flat(
         max_p99_ms=0, max_p99_regression_pct=0, request_rate=0, max_throughput_regression_pct=15
     )
-    assert off.thresholds == Thresholds(None, None, None, 15.0) and off.request_rate is None
+    assert off.thresholds == Thresholds(None, None, None, 15.0) and off.load.request_rate is None
     assert off.to_flat()["max_p99_regression_pct"] == 0.0
     assert Thresholds(max_p99_ms=0) == Thresholds(max_p99_ms=None)  # from Python too
     assert CanarySettings(max_latency_ms=0.0).max_latency_ms is None
     # as KFP hands them over: text, or floats for whole numbers
-    assert GateSettings.from_flat(concurrency="2", min_rounds=6.0, budget_s="30").concurrency == 2
+    assert GateSettings.from_flat(concurrency="2", min_rounds=6.0, budget_s="30").load.concurrency == 2
     tuned = TuneSettings.from_flat(instance_counts="1, 4", request_rate=0, concurrency=3)
     assert (tuned.instance_counts, tuned.load.request_rate, tuned.load.stability_pct) == (
         (1, 4),
@@ -346,3 +346,15 @@ def test_the_quality_spec_is_parsed_once_where_its_settings_are_checked(monkeypa
     checked = QualitySettings.from_flat(eval_data="s3://b/eval.parquet", quality_spec=text)
     assert checked.spec.metrics[0].metric == "hit_rate" and checked.spec is checked.spec
     assert len(parsed) == 1
+
+
+def test_the_gate_nests_the_perf_analyzer_load_and_takes_three_of_its_options():
+    options = GateSettings.options()
+    taken = {n for n, o in options.items() if o.path[0] == "load"}
+    assert taken == {"concurrency", "request_rate", "window_ms"}
+    assert all(options[n].pipeline == n and options[n].cli for n in taken)
+    assert options["window_ms"].help != LoadSettings.options()["window_ms"].help  # said in the gate's words
+    assert GateSettings().load.stability_pct == settings.RELAXED_STABILITY_PCT
+    assert GateSettings.from_flat(window_ms=250).load == dataclasses.replace(GateSettings().load, window_ms=250)
+    with pytest.raises(SettingsError, match="no parameter named stability_pct"):
+        GateSettings.from_flat(stability_pct=5)

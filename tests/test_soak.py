@@ -3,6 +3,7 @@ unversioned requests to both production replicas the whole time."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -26,7 +27,8 @@ X = {"x": np.ones((1, 16), np.float32)}
 # Absolute limits only, short windows: this test is about the release machinery, not the gate's statistics
 # (benchmarks/gate_quality.py measures those). The slow candidates sleep 20 ms per request.
 SOAK_GATE = GateSettings(
-    window_ms=250, thresholds=Thresholds(max_p99_ms=10, max_p99_regression_pct=None, max_throughput_regression_pct=None)
+    load=dataclasses.replace(GateSettings().load, window_ms=250),
+    thresholds=Thresholds(max_p99_ms=10, max_p99_regression_pct=None, max_throughput_regression_pct=None),
 )
 
 

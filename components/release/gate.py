@@ -330,4 +330,8 @@ def _write_latencies(result: GateResult, path: Path) -> None:
 
 def _settings_dict(settings: GateSettings) -> dict[str, Any]:
     groups = [sorted(g) for g in client_cpu_groups()] if settings.design == "duet" else []
-    return {**asdict(settings), "load": asdict(settings.load), "client_cpu_groups": groups}
+    whole = asdict(settings)
+    load = whole.pop("load")
+    # the load options the gate takes, beside the others as verdict.json has always had them
+    taken = {n: load[n] for n, o in GateSettings.options().items() if o.path[0] == "load"}
+    return {**taken, **whole, "load": load, "client_cpu_groups": groups}
