@@ -4,18 +4,23 @@ what it says the budget can decide, and the gate reading it before it measures."
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from components.release.gate import gate
 from components.release.gate_calibration import CalibrationError, budget_for, budgets, calibrate, decidable
 from components.release.results import GateCalibration
 from components.release.stage import stage
+from components.release.step_settings import pipeline_settings
 from components.repository import ModelRepository
 from components.settings import GateSettings
 from pipelines.cli import app
+from pipelines.kfp_components import calibrate_op
+from pipelines.kubeflow import COMPILED
 from tests.models import mlp_folder
 from tests.release_helpers import install_stable, repository, unique
 
@@ -59,7 +64,7 @@ def test_the_gate_says_up_front_when_its_calibration_puts_the_limits_out_of_reac
 
 
 @pytest.mark.slow
-def test_calibrate_measures_the_stable_version_against_itself_and_records_it(tmp_path, stack):
+def test_calibrate_measures_the_stable_version_against_itself_and_records_it(tmp_path, stack, monkeypatch):
     name = unique("calib")
     (tmp_path / "v1").mkdir()
     with pytest.raises(CalibrationError, match="has no promoted version"):
@@ -78,6 +83,25 @@ def test_calibrate_measures_the_stable_version_against_itself_and_records_it(tmp
     assert set(record["decidable_pct"]) == {"p99", "throughput"} and record["round_seconds"] > 1
     from components.serving.triton_admin import TritonAdmin
 
+    # the pipeline's option: its calibrate task measures every gate server named, before the candidate is staged
+    for key, value in stack.s3.env().items():  # a task reads its S3 credentials from the environment
+        monkeypatch.setenv(key, value)
+    settings, endpoint = {**pipeline_settings({})["gate"], "window_ms": 250}, stack.s3.endpoint_url
+    assert calibrate_op.python_func(repository(stack), name, stack.gate.http_url, endpoint, "", settings) == "[]"
+    on = {**settings, "calibrate_rounds": 5}
+    found = json.loads(calibrate_op.python_func(repository(stack), name, stack.gate.http_url, endpoint, "run-1", on))
+    assert [c["rounds"] for c in found] == [5] and found[0]["gate"] == stack.gate.http_url
+    assert ModelRepository(repository(stack), stack.s3).calibration(stack.gate.http_url, name)["rounds"] == 5
     with TritonAdmin(stack.gate.http_url) as admin:  # nothing of the calibration stays on the gate
         assert not admin.is_ready(f"{name}__candidate") and not admin.is_ready(name)
     assert ModelRepository(repository(stack), stack.s3).lease(name) is None
+
+
+def test_the_pipeline_calibrates_before_it_stages():
+    spec = next(yaml.safe_load_all(COMPILED.read_text()))
+    stage = next(
+        c["dag"]["tasks"]["stage-op"]
+        for c in spec["components"].values()
+        if "stage-op" in c.get("dag", {}).get("tasks", {})
+    )
+    assert "calibrate-op" in stage["dependentTasks"]

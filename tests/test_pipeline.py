@@ -102,17 +102,14 @@ def test_pipeline_runs_locally_for_a_passing_and_a_failing_candidate(tmp_path, s
     assert first.version == 1 and first.verdict["verdict"] == "pass" and first.promoted
     assert _metrics(first)["passed"] == 1.0 and _metrics(first)["candidate_p99_ms"] > 0
 
-    # tuning switched off: the gate measures the default settings; the gate server calibrated first
-    calibrating = {"calibrate_rounds": 5, "max_calibrated_budget_s": 600.0}
+    # tuning switched off: the gate measures the default settings
     slow = run_local(
-        base | {"model_source": "pipelines.sample_models:sample_v3_slow", "tune": False} | calibrating,
+        base | {"model_source": "pipelines.sample_models:sample_v3_slow", "tune": False},
         tmp_path / "runs",
         env=stack.s3.env(),
     )
     assert slow.version == 2 and slow.verdict["verdict"] == "fail" and slow.rejected and not slow.promoted
-    recorded = ModelRepository(f"s3://{stack.bucket}", stack.s3).calibration(stack.gate.http_url, name)
-    assert recorded["rounds"] == 5 and recorded["version"] == 1  # the stable version against itself, before staging
-    assert slow.verdict["calibration"]["recorded"] == recorded["recorded"] and slow.verdict["gate_url"]
+    assert slow.verdict["gate_url"] == stack.gate.http_url  # the one gate server named
     metrics = _metrics(slow)
     assert metrics["passed"] == 0.0 and metrics["p99_regression_pct"] > 20
     report = Path(slow.artifact("gate-op", "report")["uri"]).read_text()
