@@ -5,7 +5,7 @@ verdict against the one the model gets when released alone, with live traffic on
 
 Every model is the demo's trained BERT4Rec (benchmarks/gate_quality.py `demo_model`) under its own name, served by
 Triton's PyTorch backend on the embedded stack (two production replicas, one gate server). A slower candidate carries
-busy work sized at +25% of the stable's p99 at the gate's load, as gate_quality.py sizes it. A release is the steps
+busy work sized at +25% of the stable's median latency at the gate's load (gate_quality.py `--size-by median`). A release is the steps
 that measure and decide, as the pipeline calls them: publish, stage, gate (the product's default limits and budget,
 which take the gate lease, components/release/gate_turn.py), then promote (no canary) or reject.
 
@@ -41,7 +41,7 @@ from pipelines.live_traffic import LiveTraffic
 from pipelines.stack import EmbeddedStack
 from tests.release_helpers import install_stable, replicas, repository
 
-SLOWER = {"fleet_a": 0, "fleet_b": 0, "fleet_c": 25, "fleet_d": 25}  # percent of the stable's p99 added
+SLOWER = {"fleet_a": 0, "fleet_b": 0, "fleet_c": 25, "fleet_d": 25}  # percent of the stable's median added
 LIVE_RATE_HZ = 25.0  # per model and replica: four models, two replicas, 200 requests/s in all
 
 
@@ -89,12 +89,12 @@ def main() -> None:
         config, _ = ModelRepository(repository(stack), stack.s3).desired_config("fleet_a")
         with TritonAdmin(stack.gate.http_url) as admin:  # sized at the gate's load, as gate_quality.py sizes it
             admin.load("fleet_a", config)
-            p99_us = stable_latency_us(stack, stables["fleet_a"], "fleet_a")["p99"]
+            median_us = stable_latency_us(stack, stables["fleet_a"], "fleet_a")["median"]
             per_iteration_us = served_iteration_us(stack, work, base, "fleet_a")
             admin.unload("fleet_a")
-        report |= {"stable_p99_us": p99_us, "busy_iteration_us": per_iteration_us}
+        report |= {"stable_median_us": median_us, "busy_iteration_us": per_iteration_us}
         candidates = {
-            name: model_folder(work, f"candidate_{name}", p99_us * pct / 100, base, per_iteration_us, name=name)
+            name: model_folder(work, f"candidate_{name}", median_us * pct / 100, base, per_iteration_us, name=name)
             for name, pct in SLOWER.items()
         }
         golden = dict(np.load(base / "1" / "golden.npz"))
