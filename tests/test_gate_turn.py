@@ -108,9 +108,8 @@ def test_with_several_gate_servers_each_release_stages_on_a_free_one_and_measure
     pipeline's own stage task."""
     for key, value in stack.s3.env().items():  # a task reads its S3 credentials from the environment
         monkeypatch.setenv(key, value)
-    if "gate2" not in stack.servers:
-        stack.add_triton("gate2", [PRODUCTION_PREFIX, STAGING_PREFIX], metrics_config=())
-    first, second = stack.gate.http_url, stack.triton("gate2").http_url
+    gate2 = stack.add_triton("gate2", [PRODUCTION_PREFIX, STAGING_PREFIX], metrics_config=())
+    first, second = stack.gate.http_url, gate2.http_url
     for server in (first, second):  # other tests' candidates may be dark on the stack's gate: none here
         with TritonAdmin(server) as admin:
             for name in [m for m in admin.ready_models() if m.endswith("__candidate")]:
@@ -148,6 +147,6 @@ def test_with_several_gate_servers_each_release_stages_on_a_free_one_and_measure
         assert '"gate_url": "' + second + '"' in gated.verdict_json
     finally:
         for name in names:
-            for server in (first, second):
-                unload_candidate(server, name)
+            unload_candidate(first, name)
             repo.release_lease(name, lease_owner("", name, 1))
+        stack.servers.pop("gate2").process.stop()  # the session's stack as the other tests know it
