@@ -1,5 +1,5 @@
 """The time as a step reads it and waits on it: the system's monotonic clock, or a test's that moves only when
-slept on (tests/test_canary_decisions.py)."""
+slept on (tests/clocks.py)."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from components.release.canary import Canary, CanaryFault, RoundSource, Watch, d
 from components.release.canary_settings import SUMMARY_WINDOW_S, CanarySettings
 from components.release.promotion_records import CanaryResult, CanaryRound
 from components.serving.replicas import Replica
+from tests.clocks import StepClock
 
 RECORDED = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "canary_quality.json").read_text())
 RECORDED_SETTINGS = CanarySettings(**RECORDED["summary"]["settings"])  # round_s 3, min_rounds 8, max_bake_s 60
@@ -34,19 +35,6 @@ CANARY, BASELINE = [Replica("prod-0", "127.0.0.1:1")], [Replica("prod-1", "127.0
 MINUTE_ROUNDS = replace(RECORDED_SETTINGS, round_s=SUMMARY_WINDOW_S, max_bake_s=15 * SUMMARY_WINDOW_S)
 
 
-class FakeClock:
-    """Moves only when slept on."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def now(self) -> float:
-        return self.seconds
-
-    def sleep(self, seconds: float) -> None:
-        self.seconds += seconds
-
-
 def as_read(figures: dict) -> CanaryRound:
     """A recorded round as the live source gives it: the canary itself marks the first round after the switch."""
     read = CanaryRound.from_dict(figures)
@@ -54,7 +42,7 @@ def as_read(figures: dict) -> CanaryRound:
 
 
 def replay(
-    before: list[dict], after: list[dict], clock: FakeClock, round_s: float, drawn: list[CanaryRound]
+    before: list[dict], after: list[dict], clock: StepClock, round_s: float, drawn: list[CanaryRound]
 ) -> RoundSource:
     """The recorded rounds before the switch (both sides on stable), then those after it, one every `round_s` of
     `clock`; from the start again when the canary asks for more rounds than were recorded (the live source never
@@ -71,14 +59,14 @@ def replay(
 
 def replay_bake(
     before: list[dict], after: list[dict], settings: CanarySettings = RECORDED_SETTINGS
-) -> tuple[CanaryResult, bool, FakeClock]:
+) -> tuple[CanaryResult, bool, StepClock]:
     """A canary on recorded rounds: its result, whether it let promote switch, and the clock it ran on."""
-    clock = FakeClock()
+    clock = StepClock()
     result, switched = measured(settings, clock, replay(before, after, clock, settings.round_s, []))
     return result, switched, clock
 
 
-def measured(settings: CanarySettings, clock: FakeClock, source: RoundSource) -> tuple[CanaryResult, bool]:
+def measured(settings: CanarySettings, clock: StepClock, source: RoundSource) -> tuple[CanaryResult, bool]:
     """A Canary as promote runs it: the rounds before the switch, then, when they let promote switch the canary
     replicas, the rounds after it. Its result, and whether it switched."""
     canary = Canary(WATCH, CANARY, BASELINE, settings, clock=clock, rounds=source)
@@ -258,7 +246,7 @@ def test_the_bake_ends_before_max_bake_s_would_be_exceeded_on_the_fake_clock(mon
 
     monkeypatch.setattr(time, "sleep", no_real_waiting)
     settings = replace(RECORDED_SETTINGS, max_bake_s=50.0)
-    clock, drawn = FakeClock(), []
+    clock, drawn = StepClock(), []
     source = replay(RECORDED_AA["calibration"], AT_THE_LIMIT, clock, settings.round_s, drawn)
     result, _ = measured(settings, clock, source)
     # before the switch: 8 rounds of 3 s; after it, 16 (48 s: a 17th would end at 51 s, beyond the 50)
@@ -268,7 +256,7 @@ def test_the_bake_ends_before_max_bake_s_would_be_exceeded_on_the_fake_clock(mon
 
 
 def test_a_canary_that_cannot_be_measured_fails_at_once():
-    clock = FakeClock()
+    clock = StepClock()
     recorded = replay(RECORDED_AA["calibration"], RECORDED_AA["rounds"], clock, RECORDED_SETTINGS.round_s, [])
 
     def source(watch: Watch) -> Iterator[dict]:

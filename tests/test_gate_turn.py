@@ -21,23 +21,9 @@ from components.serving.triton_admin import TritonAdmin
 from components.settings import DEFAULT_GATE_LEASE_S, DEFAULT_GATE_POLL_S
 from pipelines.kfp_components import gate_op, stage_op
 from pipelines.stack import PRODUCTION_PREFIX
+from tests.clocks import StepClock
 from tests.models import mlp_folder
 from tests.release_helpers import ABSOLUTE_GATE, repository, stage_and_gate, unique
-
-
-class StepClock:
-    """A clock that moves only when slept on; `on_sleep` runs at each sleep (the other release finishing)."""
-
-    def __init__(self, on_sleep=lambda n: None) -> None:
-        self.t, self.sleeps, self.on_sleep = 0.0, 0, on_sleep
-
-    def now(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps += 1
-        self.t += seconds
-        self.on_sleep(self.sleeps)
 
 
 def test_a_second_measurement_waits_for_the_first_and_says_for_whom(stack):

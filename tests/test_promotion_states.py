@@ -37,6 +37,7 @@ from components.release.rollout import PromotionError, Release
 from components.release.stage import CandidateVersion
 from components.s3 import S3Error
 from components.serving.replicas import Replica
+from tests.clocks import StepClock
 
 MODEL, VERSION, STABLE = "m", 3, 2
 REPLICAS = [Replica(f"prod-{i}", f"prod-{i}:8000") for i in range(3)]
@@ -283,20 +284,7 @@ def test_a_signal_in_each_phase_reverts_and_says_which_phase_and_a_second_one_is
     )
 
 
-class FakeClock:
-    """Moves only when slept on."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def now(self) -> float:
-        return self.seconds
-
-    def sleep(self, seconds: float) -> None:
-        self.seconds += seconds
-
-
-def made_up_rounds(clock: FakeClock, slower: float) -> Any:
+def made_up_rounds(clock: StepClock, slower: float) -> Any:
     """Rounds of a second, the canary side `slower` times the stable's mean latency once it serves the candidate."""
 
     def source(watch: Watch) -> Iterator[CanaryRound]:
@@ -311,7 +299,7 @@ def made_up_rounds(clock: FakeClock, slower: float) -> Any:
 
 @pytest.mark.parametrize(("slower", "outcome"), [(1.0, Outcome.PROMOTED), (2.0, Outcome.REVERTED)])
 def test_the_real_canary_on_made_up_rounds_decides_and_promote_switches(slower, outcome):
-    repo, fleet, clock = FakeRepository(), FakeFleet(), FakeClock()
+    repo, fleet, clock = FakeRepository(), FakeFleet(), StepClock()
     canary = functools.partial(Canary, clock=clock, rounds=made_up_rounds(clock, slower))
     result = promotion(repo, fleet, canary).run().result
     assert result.outcome is outcome and result.canary.decision == ("pass" if slower == 1.0 else "fail")
