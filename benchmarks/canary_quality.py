@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from components.release.canary_settings import CanarySettings
-from components.release.promote import promote
+from components.release.promote.promote import promote
+from components.release.promote.settings import CanarySettings
 from components.release.publish import publish
 from components.release.stage import stage
 from components.repository import ModelRepository

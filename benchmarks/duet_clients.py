@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gate_quality import MODEL, busy_cpus
 from components.model import model_config
-from components.release.gate_stats import WARM_UP_REQUESTS, round_requests
+from components.release.effects import WARM_UP_REQUESTS, round_requests
 from components.release.publish import publish
 from components.release.stage import stage
 from components.repository import ModelRepository, candidate_name

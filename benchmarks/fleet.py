@@ -30,8 +30,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gate_quality import demo_model, model_folder, served_iteration_us, stable_latency_us
-from components.release.gate import gate
-from components.release.promote import promote, reject
+from components.release.gate.gate import gate
+from components.release.promote.promote import promote, reject
 from components.release.publish import publish
 from components.release.stage import stage
 from components.repository import ModelRepository

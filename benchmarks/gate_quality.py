@@ -39,9 +39,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.model import model_config
-from components.release.gate import gate
-from components.release.gate_calibration import budgets, calibrate
-from components.release.promote import unload_candidate
+from components.release.gate.calibration import budgets, calibrate
+from components.release.gate.gate import gate
+from components.release.promote.promote import unload_candidate
 from components.release.publish import publish
 from components.release.stage import stage
 from components.repository import ModelRepository

@@ -54,12 +54,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.served_points import WINDOW_MS, best_within, plain_model_ms, sweep
 from components.model import ensemble, model_folder
 from components.model.model_config import ServingSettings, with_settings
-from components.release.gate import gate
-from components.release.promote import promote
+from components.release.gate.gate import gate
+from components.release.promote.promote import promote
 from components.release.publish import publish
 from components.release.results import TuneResult
 from components.release.stage import read_candidate, stage
-from components.release.tune import GateBench, TuneSettings, tune
+from components.release.tune.tune import GateBench, TuneSettings, tune
 from components.repository import ModelRepository
 from components.serving import admin_key, perf
 from components.serving.replicas import Replica

@@ -42,11 +42,11 @@ from benchmarks.served_points import best_within, cores_busy, gpu_sampler, step_
 from components.model.compile import compile_model
 from components.model.export import export
 from components.model.model_config import ServingSettings
-from components.release.gate import gate
-from components.release.promote import promote
+from components.release.gate.gate import gate
+from components.release.promote.promote import promote
 from components.release.publish import publish
-from components.release.quality import quality
-from components.release.quality_spec import QualitySettings
+from components.release.quality.quality import quality
+from components.release.quality.spec import QualitySettings
 from components.release.stage import read_candidate, stage
 from components.release.step_settings import (
     CompileSettings,
@@ -57,7 +57,7 @@ from components.release.step_settings import (
     TuneSettings,
     pipeline_settings,
 )
-from components.release.tune import tune
+from components.release.tune.tune import tune
 from components.repository import ModelRepository
 from components.repository.store import PRODUCTION
 from components.serving import admin_key, perf

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.model.compile import compile_model
 from components.model.export import export
-from components.release.gate import gate
-from components.release.promote import promote
+from components.release.gate.gate import gate
+from components.release.promote.promote import promote
 from components.release.publish import publish
 from components.release.stage import stage
 from components.settings import GateSettings, Thresholds

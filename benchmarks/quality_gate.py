@@ -13,7 +13,7 @@ Each decision is the quality step as a release runs it: candidate staged, stable
 held-out sessions through both, judged by two specs (SPECS): hit rate@10 alone, and hit rate@10 and NDCG@10, each at
 the default limit (a drop of 2% of stable's value).
 Then the same pairs again after a quality calibration (`tritonship calibrate quality`,
-components/release/quality_calibration.py) on `--calibration-retrains` more models (seeds 100, 101, ...), which gives
+components/release/quality/calibration.py) on `--calibration-retrains` more models (seeds 100, 101, ...), which gives
 each metric its retrain-to-retrain limit. Then the time the check adds to a release, at 10,000 and 100,000 rows.
 Results go into the JSON as they come.
 """
@@ -30,11 +30,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from components.release.promote import reject
+from components.release.promote.promote import reject
 from components.release.publish import publish
-from components.release.quality import quality
-from components.release.quality_calibration import calibrate_quality
-from components.release.quality_spec import QualitySpec
+from components.release.quality.calibration import calibrate_quality
+from components.release.quality.quality import quality
+from components.release.quality.spec import QualitySpec
 from components.release.stage import stage
 from pipelines.samples import bert4rec
 from pipelines.samples.bert4rec import training

@@ -1,6 +1,6 @@
 """Replays recorded rounds through the gate's and the canary's sequential decisions: the previous design (a 90%
 fixed-sample Yuen interval on the 20% trimmed mean, looked at after every round) against the anytime-valid
-intervals of components/release/gate_stats.py, on the same replays.
+intervals of components/release/effects.py, on the same replays.
 
 The gate's rounds are the per-round p99 log ratios of every recorded A/A duet (benchmarks/results/gate_quality*.json,
 one pool per file: quiet, busy, GPU, Python-backend stand-in and PyTorch backend); the canary's are the per-round
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from components.release.gate_stats import sequential_difference, sequential_interval
+from components.release.effects import sequential_difference, sequential_interval
 
 RESULTS = Path(__file__).parent / "results"
 LIMIT = np.log(1.10)  # the product's default p99 limit (+10%) and the canary's mean-latency limit

@@ -26,7 +26,7 @@ from components.model.compile import compile_model
 from components.model.export import export
 from components.release.publish import publish
 from components.release.stage import read_candidate, stage
-from components.release.tune import GateBench, TuneSettings, default_settings, grid, tune
+from components.release.tune.tune import GateBench, TuneSettings, default_settings, grid, tune
 from components.repository import ModelRepository
 from components.serving import perf
 from pipelines.stack import EmbeddedStack

@@ -1,8 +1,8 @@
 """Every step's named defaults, and the gate's settings.
 
 Each default is named once here and read by the step, its settings type (the gate's below; the others' in
-components/release/step_settings.py, canary_settings.py, quality_spec.py and
-components/repository/maintenance_settings.py) and so by the `tritonship` options and the KFP pipeline's
+components/release/step_settings.py, and beside each release room's step: stage.py, tune/settings.py,
+quality/spec.py, promote/settings.py; and components/repository/maintenance_settings.py) and so by the `tritonship` options and the KFP pipeline's
 parameters, which are made from the settings types (components/settings_model.py says how). A limit or rate of
 0 is off, in every form (None is off too, from Python)."""
 
@@ -25,7 +25,7 @@ TARGETS: tuple[str, ...] = get_args(Target)
 DEFAULT_CONCURRENCY = 1
 DEFAULT_WINDOW_MS = 1000
 DEFAULT_DESIGN: Design = "duet"
-# the gate's and the canary's statistics (components/release/gate_stats.py): fewer rounds leave the interval's own error
+# the gate's and the canary's statistics (components/release/effects.py): fewer rounds leave the interval's own error
 # too large to stop on (and nothing to trim); intervals are two-sided at this confidence
 DEFAULT_MIN_ROUNDS = 5
 DEFAULT_CONFIDENCE = 0.90

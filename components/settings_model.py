@@ -8,7 +8,8 @@ confidence), and a field marked `flattened()` holds settings of their own whose 
 gate's thresholds, the gate's and tune's perf_analyzer load, promote's canary; `flattened(options=...)` takes
 some of them only, said in the step's words). The flat form is the settings as a person sets them: one value
 per option, by the option's name, a limit that is off as 0 (`Off`), counts as comma-separated text (`Counts`).
-`from_flat` and `to_flat` are the one mapping between the two forms.
+`from_flat` and `to_flat` are the one mapping between the two forms; `to_dict` and `from_dict` hand the
+settings whole, nested, from one pipeline task to the next.
 
 A value a settings type refuses raises SettingsError (a ValueError) where the settings are built, one plain
 sentence naming each refused option; the CLI names them as the user typed them (`--min-rounds`)."""
@@ -21,7 +22,7 @@ import re
 from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_origin
 
-from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 T = TypeVar("T")
@@ -151,6 +152,15 @@ class StepSettings:
         """The flat form: every option's value by its name (the inverse of from_flat)."""
         return {name: o.flat(_at(self, o.path)) for name, o in self.options().items()}
 
+    def to_dict(self) -> dict[str, Any]:
+        """The whole settings, nested as declared, in JSON's types: how one pipeline task hands them to another."""
+        return _adapter(type(self)).dump_python(self, mode="json")
+
+    @classmethod
+    def from_dict(cls: type[S], whole: dict[str, Any]) -> S:
+        """Back from to_dict, checked as where they were built (a whole number may come back as a float)."""
+        return cls(**whole)
+
 
 def step_settings(what: str) -> Callable[[type[T]], type[T]]:
     """Make a settings class a frozen pydantic dataclass (unknown names refused), whose refusals are a
@@ -183,6 +193,11 @@ def refuse(*problems: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the machinery
+@functools.cache
+def _adapter(cls: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(cls)
+
+
 def _fields(cls: Any) -> dict[str, Any]:
     return cls.__pydantic_fields__
 

@@ -151,8 +151,8 @@ def canary_line(run: LocalRun) -> str:
     canary = (run.promotion or {}).get("canary")
     if not canary:
         return "no canary"
-    from components.release import canary_report
-    from components.release.promotion_records import CanaryResult
+    from components.release.promote import canary_report
+    from components.release.promote.records import CanaryResult
 
     return canary_report.summary(CanaryResult.from_json(json.dumps(canary)))
 

@@ -29,7 +29,7 @@ def publish_op(compiled: Input[Model], repository: str, s3_endpoint: str, run_id
     from components.release.step_settings import PublishSettings
     from components.s3 import S3Settings
 
-    chosen = PublishSettings.from_flat(**settings)
+    chosen = PublishSettings.from_dict(settings)
     result = publish(
         Path(compiled.path),
         repository,
@@ -46,13 +46,13 @@ def calibrate_op(repository: str, model_name: str, gate: str, s3_endpoint: str, 
     and recorded before the candidate is staged; the gate reads it. Returns the calibrations (JSON list)."""
     import json
 
-    from components.release.gate_calibration import calibrate
+    from components.release.gate.calibration import calibrate
     from components.repository import ModelRepository
     from components.s3 import S3Settings
     from components.serving.replicas import resolve
     from components.settings import GateSettings
 
-    chosen, s3 = GateSettings.from_flat(**settings), S3Settings.from_env(s3_endpoint)
+    chosen, s3 = GateSettings.from_dict(settings), S3Settings.from_env(s3_endpoint)
     if not chosen.calibrate_rounds or ModelRepository(repository, s3).desired_config(model_name)[0] is None:
         return "[]"  # off, or a first release: no stable version to measure
     found = [
@@ -70,8 +70,7 @@ def stage_op(
 ) -> str:
     """Load the candidate dark on the gate server; check its answers. Returns the stage result (JSON)."""
     from components.release.gate_turn import free_gate
-    from components.release.stage import stage
-    from components.release.step_settings import ModelLoadSettings
+    from components.release.stage import ModelLoadSettings, stage
     from components.repository import ModelRepository
     from components.s3 import S3Settings
     from components.serving.replicas import resolve
@@ -84,7 +83,7 @@ def stage_op(
         free_gate(ModelRepository(repository, s3), resolve(gate)).url,  # of several, measured there to the end
         s3=s3,
         run_id=run_id,
-        load_timeout=ModelLoadSettings.from_flat(**settings).load_timeout_s,
+        load_timeout=ModelLoadSettings.from_dict(settings).load_timeout_s,
     )
     return result.to_json()
 
@@ -106,15 +105,15 @@ def tune_op(
     import json
     from pathlib import Path
 
-    from components.release.gate_report import tuning_markdown
+    from components.release.gate.report import tuning_markdown
     from components.release.gate_turn import staged_server
     from components.release.results import StageResult
-    from components.release.step_settings import TuneSettings
-    from components.release.tune import tune
+    from components.release.tune.settings import TuneSettings
+    from components.release.tune.tune import tune
     from components.s3 import S3Settings
 
     staged = StageResult.from_json(stage_result)
-    tuning = TuneSettings.from_flat(**settings)  # at the gate's load, within its p99 limit (settings_op)
+    tuning = TuneSettings.from_dict(settings)  # at the gate's load, within its p99 limit (settings_op)
     server = staged_server(gate, staged)  # a k8s:// gate also gives its metrics endpoint: GPU/CPU figures per trial
     result = tune(
         repository,
@@ -153,13 +152,13 @@ def quality_op(
     import tempfile
     from pathlib import Path
 
-    from components.release import quality_report
-    from components.release.quality import quality
-    from components.release.quality_spec import QualitySettings
+    from components.release.quality import report as quality_report
+    from components.release.quality.quality import quality
+    from components.release.quality.spec import QualitySettings
     from components.release.results import StageResult
     from components.s3 import S3Settings
 
-    chosen, staged = QualitySettings.from_flat(**settings), StageResult.from_json(stage_result)
+    chosen, staged = QualitySettings.from_dict(settings), StageResult.from_json(stage_result)
     if not chosen.enabled or not staged.accuracy_passed:
         Path(report.path).write_text("# Quality: not run\n")
         Path(report_html.path).write_text("<p>Quality: not run</p>")
@@ -241,7 +240,7 @@ def gate_op(
     from collections import namedtuple
     from pathlib import Path
 
-    from components.release.gate import gate as run_gate
+    from components.release.gate.gate import gate as run_gate
     from components.release.gate_turn import staged_server
     from components.release.results import QualityResult, StageResult, TuneResult
     from components.s3 import S3Settings
@@ -255,7 +254,7 @@ def gate_op(
             model_name,
             int(version),
             server.url,
-            GateSettings.from_flat(**settings),
+            GateSettings.from_dict(settings),
             staged,
             Path(tmp),
             s3=S3Settings.from_env(s3_endpoint),
@@ -297,14 +296,14 @@ def promote_op(
     from collections import namedtuple
     from pathlib import Path
 
-    from components.release import canary_report
-    from components.release.promote import promote
+    from components.release.promote import canary_report
+    from components.release.promote.promote import promote
+    from components.release.promote.settings import PromoteSettings
     from components.release.results import TuneResult, Verdict
-    from components.release.step_settings import PromoteSettings
     from components.s3 import S3Settings
     from components.serving.replicas import resolve
 
-    chosen = PromoteSettings.from_flat(**settings)
+    chosen = PromoteSettings.from_dict(settings)
     decided = Verdict.from_json(verdict_json)
     result = promote(
         repository,
@@ -332,7 +331,7 @@ def reject_op(
     repository: str, model_name: str, version: int, gate: str, verdict_json: str, s3_endpoint: str, run_id: str
 ):
     """Leave production untouched, unload the candidate, record why."""
-    from components.release.promote import reject
+    from components.release.promote.promote import reject
     from components.release.results import Verdict
     from components.s3 import S3Settings
     from components.serving.replicas import resolve
@@ -355,9 +354,9 @@ def finish_release_op(repository: str, model_name: str, gate: str, replicas: str
     """Exit handler: whatever happened, the candidate leaves the gate server, a promotion of this run that was
     killed (its pod past the grace period) is settled as `reconcile` does, and this run's release lease on the
     model is given back (promote and reject give it back themselves on their paths)."""
-    from components.release.promote import unload_candidate
-    from components.release.promotion_records import PromotionRecord
-    from components.release.reconcile import reconcile
+    from components.release.promote.promote import unload_candidate
+    from components.release.promote.reconcile import reconcile
+    from components.release.promote.records import PromotionRecord
     from components.repository import ModelRepository
     from components.s3 import S3Settings
     from components.serving.replicas import resolve

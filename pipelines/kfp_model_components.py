@@ -17,7 +17,7 @@ def export_op(model_source: str, checkpoint: str, signature: str, settings: dict
     from components.model.export_task import export_in_task
     from components.release.step_settings import ExportSettings
 
-    chosen = ExportSettings.from_flat(**settings)
+    chosen = ExportSettings.from_dict(settings)
     with refused_in_one_sentence():
         result = export_in_task(
             model_source,
@@ -44,7 +44,7 @@ def export_trained_op(
     from components.model.export_task import export_in_task
     from components.release.step_settings import ExportSettings
 
-    chosen = ExportSettings.from_flat(**settings)
+    chosen = ExportSettings.from_dict(settings)
     model, checkpoint = (model_source, trained.path) if model_source else (trained.path, None)
     with refused_in_one_sentence():
         result = export_in_task(
@@ -74,7 +74,7 @@ def compile_op(
     from components.model.compile import compile_model
     from components.release.step_settings import CompileSettings
 
-    chosen = CompileSettings.from_flat(**settings)
+    chosen = CompileSettings.from_dict(settings)
     with refused_in_one_sentence():
         result = compile_model(Path(exported.path), Path(compiled.path), model_name, **chosen.step_arguments())
     for row in result.parity:

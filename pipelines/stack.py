@@ -38,7 +38,7 @@ from pipelines.processes import ManagedProcess, StackError, free_port, port_is_o
 from pipelines.triton_install import AOTI_BACKEND, backend_directory, triton_env
 
 LOG = log.get("stack")
-# Latency quantiles per model and version, which promote's canary compares (components/release/canary.py). The
+# Latency quantiles per model and version, which promote's canary compares (components/release/promote/canary.py). The
 # production replicas keep them, the gate does not: on an H200 they held a replica near 10,000 infer/s
 # (benchmarks/README.md, "Triton's latency summaries").
 LATENCY_SUMMARIES = ("summary_latencies=true", "summary_quantiles=0.99:0.001")  # as the chart's production pods

@@ -9,8 +9,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from components.release.gate import gate
-from components.release.promote import promote
+from components.release.gate.gate import gate
+from components.release.promote.promote import promote
 from components.release.publish import publish
 from components.release.results import GateResult, StageResult
 from components.release.stage import stage
@@ -121,3 +121,11 @@ def release(stack: EmbeddedStack, folder: Path, settings: GateSettings = TEST_GA
         repository(stack), verdict.model, version, replicas(stack), verdict.verdict, stack.gate.http_url, s3=stack.s3
     )
     return version
+
+
+def quick_gate_settings() -> dict:
+    """The gate settings settings_op hands the pipeline's gate task (whole, as to_dict), with 250 ms windows."""
+    from components.release.step_settings import pipeline_settings
+
+    chosen = GateSettings.from_dict(pipeline_settings({})["gate"])
+    return dataclasses.replace(chosen, load=dataclasses.replace(chosen.load, window_ms=250)).to_dict()

@@ -20,12 +20,12 @@ from components.model.compile import CompileError, compile_model
 from components.model.export import export, read_export
 from components.model.model_config import ServingSettings
 from components.model.parity import Tolerance
-from components.release.gate import gate
-from components.release.promote import promote
+from components.release.gate.gate import gate
+from components.release.promote.promote import promote
 from components.release.publish import PublishError, publish
 from components.release.stage import read_candidate, stage
-from components.release.step_settings import TuneSettings
-from components.release.tune import tune
+from components.release.tune.settings import TuneSettings
+from components.release.tune.tune import tune
 from components.repository import ModelRepository
 from components.serving import perf
 from components.serving.triton_admin import AOTI_BACKEND_ENV, TritonAdmin, for_server

@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from components.release import canary_report
-from components.release.canary import effects
-from components.release.canary_settings import CanarySettings
-from components.release.gate_stats import judge
-from components.release.promote import promote
-from components.release.promotion import reverted_by_canary
-from components.release.promotion_records import Outcome, PromoteResult, Side
+from components.release.effects import judge
+from components.release.promote import canary_report
+from components.release.promote.canary import effects
+from components.release.promote.promote import promote
+from components.release.promote.promotion import reverted_by_canary
+from components.release.promote.records import Outcome, PromoteResult, Side
+from components.release.promote.settings import CanarySettings
 from components.release.publish import publish
 from components.release.stage import stage
 from components.repository import ModelRepository

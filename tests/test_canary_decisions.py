@@ -1,4 +1,4 @@
-"""The canary's decisions (components/release/canary.py) from rounds recorded on the real stack, with no replica,
+"""The canary's decisions (components/release/promote/canary.py) from rounds recorded on the real stack, with no replica,
 no metrics endpoint and no real waiting: a Canary takes its rounds from a replay of
 benchmarks/results/canary_quality.json and its time from a clock that moves only when slept on.
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from components.release.canary import Canary, CanaryFault, RoundSource, Watch, decide, why_reverted
-from components.release.canary_settings import SUMMARY_WINDOW_S, CanarySettings
-from components.release.promotion_records import CanaryResult, CanaryRound
+from components.release.promote.canary import Canary, CanaryFault, RoundSource, Watch, decide, why_reverted
+from components.release.promote.records import CanaryResult, CanaryRound
+from components.release.promote.settings import SUMMARY_WINDOW_S, CanarySettings
 from components.serving.replicas import Replica
 from tests.clocks import StepClock
 

@@ -14,13 +14,13 @@ import pytest
 from components.model.ensemble import EnsembleError, ensemble_config, read_bundle, with_serving_settings
 from components.model.model_config import ServingSettings
 from components.model.model_folder import load_golden
-from components.release.canary_settings import CanarySettings
-from components.release.gate import gate
-from components.release.promote import promote, reject
+from components.release.gate.gate import gate
+from components.release.promote.promote import promote, reject
+from components.release.promote.reconcile import reconcile
+from components.release.promote.settings import CanarySettings
 from components.release.publish import publish
-from components.release.reconcile import reconcile
 from components.release.stage import stage
-from components.release.tune import TuneSettings, default_settings, tune
+from components.release.tune.tune import TuneSettings, default_settings, tune
 from components.repository import ModelRepository, candidate_name
 from components.serving.triton_admin import TritonAdmin
 from components.settings import Thresholds

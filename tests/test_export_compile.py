@@ -69,11 +69,11 @@ def test_model_exports_compiles_and_triton_answers_like_eager(key, tmp_path, sta
 def test_a_ranged_length_is_staged_tuned_and_gated_at_its_opt(tmp_path, stack):
     """Tune's and the gate's perf_analyzer send the golden inputs, made at every ranged dimension's opt, and
     their reports say so."""
-    from components.release.gate import gate
+    from components.release.gate.gate import gate
     from components.release.publish import publish
     from components.release.stage import stage
-    from components.release.step_settings import TuneSettings
-    from components.release.tune import tune
+    from components.release.tune.settings import TuneSettings
+    from components.release.tune.tune import tune
     from tests.release_helpers import ABSOLUTE_GATE, repository, unique
 
     name, at_opt = unique("ranged"), {"items": [16], "target_idx": [1]}  # the length at its opt, 16

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.release.gate import gate
-from components.release.promote import PartialRevert, PromotionError, promote, reject
+from components.release.gate.gate import gate
+from components.release.promote.promote import PartialRevert, PromotionError, promote, reject
+from components.release.promote.reconcile import reconcile
 from components.release.publish import publish
-from components.release.reconcile import reconcile
 from components.release.stage import stage
 from components.repository import ModelRepository, candidate_name
 from components.s3 import S3Error, S3Settings

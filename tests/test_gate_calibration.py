@@ -11,18 +11,17 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from components.release.gate import gate
-from components.release.gate_calibration import CalibrationError, budget_for, budgets, calibrate, decidable
+from components.release.gate.calibration import CalibrationError, budget_for, budgets, calibrate, decidable
+from components.release.gate.gate import gate
 from components.release.results import GateCalibration
 from components.release.stage import stage
-from components.release.step_settings import pipeline_settings
 from components.repository import ModelRepository
 from components.settings import GateSettings
 from pipelines.cli import app
 from pipelines.kfp_components import calibrate_op
 from pipelines.kubeflow import COMPILED
 from tests.models import mlp_folder
-from tests.release_helpers import install_stable, repository, unique
+from tests.release_helpers import install_stable, quick_gate_settings, repository, unique
 
 NOISY = GateCalibration("m", 1, rounds=12, round_seconds=4.0, setup_seconds=8.0, p99_log_sd=0.4, throughput_log_sd=0.1)
 
@@ -86,7 +85,7 @@ def test_calibrate_measures_the_stable_version_against_itself_and_records_it(tmp
     # the pipeline's option: its calibrate task measures every gate server named, before the candidate is staged
     for key, value in stack.s3.env().items():  # a task reads its S3 credentials from the environment
         monkeypatch.setenv(key, value)
-    settings, endpoint = {**pipeline_settings({})["gate"], "window_ms": 250}, stack.s3.endpoint_url
+    settings, endpoint = quick_gate_settings(), stack.s3.endpoint_url
     assert calibrate_op.python_func(repository(stack), name, stack.gate.http_url, endpoint, "", settings) == "[]"
     on = {**settings, "calibrate_rounds": 5}
     found = json.loads(calibrate_op.python_func(repository(stack), name, stack.gate.http_url, endpoint, "run-1", on))

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from components.release.gate import measure_sequentially
-from components.release.gate_stats import Effect, Rounds, effects, judge, round_requests
+from components.release.effects import Effect, Rounds, effects, judge, round_requests
+from components.release.gate.gate import measure_sequentially
 from components.release.results import GateResult
 from components.serving import perf
 from components.settings import GateSettings, Limits, Thresholds

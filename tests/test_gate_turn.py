@@ -10,11 +10,11 @@ import pytest
 
 from components.model import model_config
 from components.release.gate_turn import GateBusy, gate_turn
-from components.release.promote import unload_candidate
+from components.release.promote.promote import unload_candidate
 from components.release.publish import publish
 from components.release.results import StageResult, TuneResult
 from components.release.step_settings import pipeline_settings
-from components.release.tune import default_settings
+from components.release.tune.tune import default_settings
 from components.repository import ModelRepository, lease_owner
 from components.repository.store import STAGING as STAGING_PREFIX
 from components.serving.triton_admin import TritonAdmin
@@ -23,7 +23,7 @@ from pipelines.kfp_components import gate_op, stage_op
 from pipelines.stack import PRODUCTION_PREFIX
 from tests.clocks import StepClock
 from tests.models import mlp_folder
-from tests.release_helpers import ABSOLUTE_GATE, repository, stage_and_gate, unique
+from tests.release_helpers import ABSOLUTE_GATE, quick_gate_settings, repository, stage_and_gate, unique
 
 
 def test_a_second_measurement_waits_for_the_first_and_says_for_whom(stack):
@@ -128,7 +128,7 @@ def test_with_several_gate_servers_each_release_stages_on_a_free_one_and_measure
         untuned = TuneResult(names[1], two.version, default_settings(config), default_settings(config), None, 0)
         gated = gate_op.python_func(
             repository(stack), names[1], two.version, gates, two.to_json(), untuned.to_json(), "", stack.s3.endpoint_url, "",
-            {**pipeline_settings({})["gate"], "window_ms": 250}, artifacts["m"], artifacts["md"], artifacts["h"],
+            quick_gate_settings(), artifacts["m"], artifacts["md"], artifacts["h"],
         )  # fmt: skip
         assert '"gate_url": "' + second + '"' in gated.verdict_json
     finally:

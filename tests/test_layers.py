@@ -1,7 +1,11 @@
 """The house of components/ stands: imports run only downward through its rooms, and no module imports itself
 back through others (docs/design.md opens with the map).
 
-    release/     publish, stage, tune, gate, promote, canary, reconcile: what a release does
+    release/     publish, stage, tune, gate, promote, canary, reconcile: what a release does, in rooms of its own:
+        step_settings    the list of steps and each one's settings type
+        gate/, promote/  the gate (its report shows quality's); promote, the canary, rollout, reconcile
+        tune/, quality/  the measuring steps before the gate
+        (release/*.py)   what they share: publish, stage, results, effects, effect_plot, gate_turn
     serving/     Triton reached: its admin API, replicas, perf_analyzer, metrics      (beside repository/)
     repository/  the S3 model repository: versions, manifests, desired state, history, leases
     model/       what a model is: signature, export, compile, parity, config, folder, ensemble
@@ -18,12 +22,26 @@ import pytest
 
 COMPONENTS = Path(__file__).resolve().parent.parent / "components"
 FLOORS = {"": 0, "model": 1, "serving": 2, "repository": 2, "release": 3}  # rooms of one floor never import each other
+RELEASE_FLOORS = {"": 0, "tune": 1, "quality": 1, "gate": 2, "promote": 2, "step_settings": 3}  # release's own
 
 
 def room(module: str) -> str:
     """components.model.compile and components.model -> model; components.log -> "" (the ground floor)."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[1] in FLOORS else ""
+
+
+def release_room(module: str) -> str:
+    """components.release.gate.report -> gate; components.release.results -> "" (release's ground)."""
+    parts = module.split(".")
+    return parts[2] if room(module) == "release" and len(parts) > 2 and parts[2] in RELEASE_FLOORS else ""
+
+
+def _across(mine: str, theirs: str, floors: dict[str, int]) -> str:
+    """'beside' or 'above' when a module of room `mine` may not import from room `theirs`, else ''."""
+    if mine == theirs or floors[theirs] < floors[mine]:
+        return ""
+    return "beside" if floors[theirs] == floors[mine] else "above"
 
 
 def imports(root: Path) -> dict[str, list[tuple[str, str]]]:
@@ -53,10 +71,13 @@ def violations(root: Path) -> list[str]:
     for module, targets in graph.items():
         for target, name in targets:
             mine, theirs = room(module), room(target)
-            if mine != theirs and FLOORS[theirs] >= FLOORS[mine]:
+            where, rooms = _across(mine, theirs, FLOORS), (mine or "ground", theirs or "ground")
+            if not where and mine == theirs == "release":
+                mine, theirs = release_room(module), release_room(target)
+                where, rooms = _across(mine, theirs, RELEASE_FLOORS), (f"release/{mine}", f"release/{theirs}")
+            if where:
                 problems.append(
-                    f"{_file(module)} ({mine or 'ground'}) imports {name} from {_file(target)} "
-                    f"({theirs or 'ground'}), a room {'beside' if FLOORS[theirs] == FLOORS[mine] else 'above'} it"
+                    f"{_file(module)} ({rooms[0]}) imports {name} from {_file(target)} ({rooms[1]}), a room {where} it"
                 )
     problems += [f"a circle of imports: {' -> '.join(_file(m) for m in cycle)}" for cycle in _cycles(graph)]
     return problems
@@ -95,7 +116,7 @@ def test_components_imports_run_only_downward_and_never_in_a_circle():
 
 
 def test_every_room_says_what_it_is_for():
-    for name in FLOORS:
+    for name in [*FLOORS, *(f"release/{r}" for r in RELEASE_FLOORS if (COMPONENTS / "release" / r).is_dir())]:
         face = COMPONENTS / name / "__init__.py"
         docstring = ast.get_docstring(ast.parse(face.read_text()))
         assert docstring and len(docstring.splitlines()[0]) > 20, f"{face} needs a first line that says what it holds"
@@ -115,7 +136,7 @@ def house(tmp_path: Path) -> Path:
         "repository/__init__.py": "",
         "repository/store.py": "from components import settings\n",
         "release/__init__.py": "",
-        "release/promote.py": "from components.serving.admin import signature\nfrom components.repository import store\n",
+        "release/promote/promote.py": "from components.serving.admin import signature\nfrom components.repository import store\n",
     }
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -125,14 +146,24 @@ def house(tmp_path: Path) -> Path:
 
 def test_the_check_names_an_upward_import_and_what_it_imports(house):
     assert violations(house) == []
-    (house / "settings.py").write_text("LIMIT = 1\n\n\ndef late():\n    from components.release.promote import store\n")
+    (house / "settings.py").write_text(
+        "LIMIT = 1\n\n\ndef late():\n    from components.release.promote.promote import store\n"
+    )
     found = violations(house)
     assert found[0] == (
-        "components/settings.py (ground) imports store from components/release/promote.py (release), a room above it"
+        "components/settings.py (ground) imports store from components/release/promote/promote.py (release), a room above it"
     )
     # and it closes circles: settings -> promote -> store -> settings, settings -> promote -> admin -> signature -> ...
     assert len(found) == 3 and all(p.startswith("a circle of imports: components/") for p in found[1:])
-    assert all("components/settings.py -> components/release/promote.py" in p for p in found[1:])
+    assert all("components/settings.py -> components/release/promote/promote.py" in p for p in found[1:])
+
+
+def test_the_check_names_an_upward_import_between_rooms_of_release(house):
+    (house / "release" / "results.py").write_text("from components.release.promote import promote\n")
+    assert violations(house) == [
+        "components/release/results.py (release/) imports promote from components/release/promote/promote.py "
+        "(release/promote), a room above it"
+    ]
 
 
 def test_the_check_names_a_sideways_import_between_rooms_of_one_floor(house):

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from components.model import model_config
-from components.release.canary import effects
-from components.release.canary_settings import CanarySettings
-from components.release.promotion_records import Side
+from components.release.promote.canary import effects
+from components.release.promote.records import Side
+from components.release.promote.settings import CanarySettings
 from components.serving.live_metrics import Counts, Histogram, parse
 
 BOUNDS = (*model_config.LATENCY_BUCKETS_MS, float("inf"))

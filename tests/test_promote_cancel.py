@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.release.cancel import Cancelled, cancellable, raise_pending
-from components.release.promote import PromotionCancelled, promote
+from components.release.promote.cancel import Cancelled, cancellable, raise_pending
+from components.release.promote.promote import PromotionCancelled, promote
 from components.repository import ModelRepository
 from components.serving.triton_admin import TritonAdmin
 from pipelines.live_traffic import LiveTraffic

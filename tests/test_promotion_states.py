@@ -1,4 +1,4 @@
-"""The promotion's states and transitions (components/release/promotion.py) on fakes: a repository in memory,
+"""The promotion's states and transitions (components/release/promote/promotion.py) on fakes: a repository in memory,
 replicas that switch and revert when told, a canary that decides as told (or the real one on made-up rounds and a
 clock that moves only when slept on). No S3, no Triton, no waiting: each test takes milliseconds.
 
@@ -19,12 +19,11 @@ import pytest
 from components.model import model_config
 from components.model.parity import Tolerance
 from components.model.signature import Signature
-from components.release import promote as promote_step
-from components.release.canary import Canary, Watch
-from components.release.canary_settings import CanarySettings
-from components.release.cancel import Cancelled, cancellable
-from components.release.promotion import Ending, Plan, Promotion, Stop
-from components.release.promotion_records import (
+from components.release.promote import promote as promote_step
+from components.release.promote.canary import Canary, Watch
+from components.release.promote.cancel import Cancelled, cancellable
+from components.release.promote.promotion import Ending, Plan, Promotion, Stop
+from components.release.promote.records import (
     CanaryResult,
     CanaryRound,
     Outcome,
@@ -33,7 +32,8 @@ from components.release.promotion_records import (
     ReplicaOutcome,
     Side,
 )
-from components.release.rollout import PromotionError, Release
+from components.release.promote.rollout import PromotionError, Release
+from components.release.promote.settings import CanarySettings
 from components.release.stage import CandidateVersion
 from components.s3 import S3Error
 from components.serving.replicas import Replica

@@ -13,8 +13,8 @@ from components.errors import TritonshipError
 from components.model import model_config
 from components.model.model_folder import SIGNATURE_FILE
 from components.model.signature import Signature
-from components.release.gate import gate
-from components.release.promote import reject
+from components.release.gate.gate import gate
+from components.release.promote.promote import reject
 from components.release.publish import publish
 from components.release.stage import stage
 from components.repository import candidate_name

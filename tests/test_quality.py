@@ -18,13 +18,13 @@ import pytest
 
 from components.errors import TritonshipError
 from components.model import model_config
-from components.release.gate import gate
-from components.release.promote import PromotionError, promote, reject
+from components.release.gate.gate import gate
+from components.release.promote.promote import PromotionError, promote, reject
 from components.release.publish import publish
-from components.release.quality import quality
-from components.release.quality_spec import QualitySpec
+from components.release.quality.quality import quality
+from components.release.quality.spec import QualitySpec
 from components.release.stage import stage
-from components.release.tune import default_settings
+from components.release.tune.tune import default_settings
 from components.repository import ModelRepository
 from components.s3 import S3Settings
 from components.serving.triton_admin import TritonAdmin

@@ -13,11 +13,11 @@ import torch
 from typer.testing import CliRunner
 
 from components.release.publish import publish
-from components.release.quality import quality
-from components.release.quality_calibration import calibrate_quality
-from components.release.quality_metrics import QualityError
-from components.release.quality_report import markdown_lines
-from components.release.quality_spec import QualitySpec
+from components.release.quality.calibration import calibrate_quality
+from components.release.quality.metrics import QualityError
+from components.release.quality.quality import quality
+from components.release.quality.report import markdown_lines
+from components.release.quality.spec import QualitySpec
 from components.release.stage import stage
 from components.repository import ModelRepository
 from components.settings import DEFAULT_QUALITY_MAX_DROP_PCT

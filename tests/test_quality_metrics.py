@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from components.model.signature import Signature
-from components.release import quality_metrics
-from components.release.quality import decide
-from components.release.quality_metrics import QualityError
-from components.release.quality_spec import QualitySpec, QualitySpecError
+from components.release.quality import metrics as quality_metrics
+from components.release.quality.metrics import QualityError
+from components.release.quality.quality import decide
+from components.release.quality.spec import QualitySpec, QualitySpecError
 from components.release.results import QualityResult
 
 SIGNATURE = Signature.from_dict(

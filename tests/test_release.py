@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.release.gate import gate
-from components.release.promote import PartialRevert, PromotionError, promote, reject
+from components.release.gate.gate import gate
+from components.release.promote.promote import PartialRevert, PromotionError, promote, reject
 from components.repository import ModelRepository, candidate_name
 from components.serving.triton_admin import TritonAdmin
 from pipelines.live_traffic import LiveTraffic
@@ -144,7 +144,7 @@ def test_a_second_release_of_the_same_model_waits_for_the_first(tmp_path, stack)
 
 @pytest.mark.slow
 def test_replica_killed_during_promotion_is_reported_as_not_reverted_and_reconcile_converges(tmp_path, stack):
-    from components.release.reconcile import reconcile
+    from components.release.promote.reconcile import reconcile
 
     name = unique()
     install_stable(stack, _folder(tmp_path, name, "v1"))
@@ -258,7 +258,7 @@ def test_cli_gate_exit_code_and_promote_refuses_a_failed_verdict(tmp_path, stack
 
 
 def test_reconcile_brings_every_replica_to_the_desired_state(tmp_path, stack):
-    from components.release.reconcile import reconcile
+    from components.release.promote.reconcile import reconcile
 
     name = unique()
     install_stable(stack, _folder(tmp_path, name, "v1"))

@@ -15,9 +15,9 @@ import pytest
 
 from components.model.model_config import ServingSettings
 from components.model.parity import OutputParity
-from components.release import gate_report
-from components.release.gate_stats import Effect
-from components.release.promotion_records import (
+from components.release.effects import Effect
+from components.release.gate import report as gate_report
+from components.release.promote.records import (
     CanaryResult,
     CanaryRound,
     Outcome,
@@ -215,7 +215,7 @@ def test_the_gate_report_says_each_limits_figure_once_beside_its_plot(case, tmp_
 
 
 def test_the_pipelines_canary_report_is_the_clis_with_its_plot(tmp_path, monkeypatch):
-    from components.release import canary_report, promote
+    from components.release.promote import canary_report, promote
     from components.release.step_settings import pipeline_settings
     from pipelines.kfp_components import promote_op
 

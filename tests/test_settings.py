@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +17,18 @@ import yaml
 from typer.testing import CliRunner
 
 from components import settings
-from components.release.canary_settings import CanarySettings
+from components.release.promote.settings import CanarySettings, PromoteSettings
+from components.release.stage import ModelLoadSettings
 from components.release.step_settings import (
     COMMANDS,
     PIPELINE_STEPS,
     CompileSettings,
     ExportSettings,
-    ModelLoadSettings,
-    PromoteSettings,
     PublishSettings,
-    TuneSettings,
     pipeline_parameters,
     pipeline_settings,
 )
+from components.release.tune.settings import TuneSettings
 from components.repository.maintenance_settings import RepoGcSettings
 from components.settings import GateSettings, LoadSettings, Thresholds
 from components.settings_model import SettingsError
@@ -101,12 +101,15 @@ def test_the_pipeline_differs_from_the_cli_only_where_it_says_so():
 def test_the_pipelines_settings_are_checked_before_anything_runs_and_reach_each_step():
     steps = pipeline_settings({"tune_budget": "4", "export_method": "trace", "max_p99_ms": 5, "concurrency": 2})
     assert set(steps) == set(PIPELINE_STEPS)
-    assert ExportSettings.from_flat(**steps["export"]).method == "trace"
-    assert CompileSettings.from_flat(**steps["compile"]).target == settings.PIPELINE_TARGET
-    assert GateSettings.from_flat(**steps["gate"]).thresholds.max_p99_ms == 5
-    tuning = TuneSettings.from_flat(**steps["tune"])  # at the gate's load, within its p99 limit
-    assert (tuning.budget, tuning.max_p99_ms, tuning.load) == (4, 5, GateSettings.from_flat(**steps["gate"]).load)
-    assert PromoteSettings.from_flat(**steps["promote"]) == PromoteSettings()
+    assert ExportSettings.from_dict(steps["export"]).method == "trace"
+    assert CompileSettings.from_dict(steps["compile"]).target == settings.PIPELINE_TARGET
+    assert GateSettings.from_dict(steps["gate"]).thresholds.max_p99_ms == 5
+    tuning = TuneSettings.from_dict(steps["tune"])  # at the gate's load, within its p99 limit
+    assert (tuning.budget, tuning.max_p99_ms, tuning.load) == (4, 5, GateSettings.from_dict(steps["gate"]).load)
+    assert PromoteSettings.from_dict(steps["promote"]) == PromoteSettings()
+    # handed whole, nested as declared: no flat form between settings_op and the task
+    assert steps["promote"]["canary"]["round_s"] == PromoteSettings().canary.round_s
+    assert json.loads(json.dumps(steps)) == steps
     with pytest.raises(SettingsError, match="instance_counts must be whole numbers"):
         pipeline_settings({"tune_instance_counts": "2,0"})
     with pytest.raises(SettingsError, match="no parameter named rounds"):
@@ -315,7 +318,7 @@ def test_direct_construction_and_replace_are_checked_too():
 def test_the_step_functions_default_to_their_settings_types():
     from components.model.compile import compile_model
     from components.model.export import export
-    from components.release.promote import promote
+    from components.release.promote.promote import promote
     from components.release.stage import stage
     from components.repository.leases import Leases
     from components.repository.maintenance import Maintenance
@@ -337,7 +340,7 @@ def test_the_step_functions_default_to_their_settings_types():
 
 
 def test_the_quality_spec_is_parsed_once_where_its_settings_are_checked(monkeypatch):
-    from components.release.quality_spec import QualitySettings, QualitySpec
+    from components.release.quality.spec import QualitySettings, QualitySpec
 
     parsed = []
     parse = QualitySpec.from_text

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.release.gate import gate
-from components.release.promote import promote, reject
+from components.release.gate.gate import gate
+from components.release.promote.promote import promote, reject
 from components.release.publish import publish
 from components.release.stage import stage
 from components.repository import ModelRepository

@@ -13,12 +13,12 @@ import pytest
 from components.model import model_config
 from components.model.model_config import ServingSettings
 from components.model.signature import Signature
-from components.release.gate import gate
-from components.release.promote import promote
+from components.release.gate.gate import gate
+from components.release.promote.promote import promote
 from components.release.publish import publish
 from components.release.results import Trial, TuneResult
 from components.release.stage import stage
-from components.release.tune import TuneSettings, _on_gpu, grid, knobs, search, tune
+from components.release.tune.tune import TuneSettings, _on_gpu, grid, knobs, search, tune
 from components.repository import ModelRepository
 from components.serving import perf
 from components.serving.triton_admin import TritonAdmin

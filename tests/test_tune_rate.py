@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from components.model.model_config import ServingSettings
-from components.release import gate_report
+from components.release.gate import report as gate_report
 from components.release.publish import publish
 from components.release.results import Trial, TuneResult
 from components.release.stage import stage
-from components.release.tune import TuneSettings, grid, search, tune
+from components.release.tune.tune import TuneSettings, grid, search, tune
 from components.serving import perf
 from components.serving.triton_admin import TritonAdmin
 from components.settings import RELAXED_STABILITY_PCT, LoadSettings

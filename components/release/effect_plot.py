@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
-from components.release.gate_stats import Effect
+from components.release.effects import Effect
 
 PLOT_FILE = "limits.png"  # the gate's and the canary's
 

@@ -1,5 +1,5 @@
 """What each step hands to the next: the stage, tune and gate results, with one serialisation (the promotion's are
-components/release/promotion_records.py).
+components/release/promote/records.py).
 
 Every result is a dataclass and a `Result`: `to_json` writes its fields (plus what `derived()` adds for
 readers of the file), `from_json` rebuilds it from its field types, checking them, and ignores the derived
@@ -20,7 +20,7 @@ import numpy as np
 
 from components.model.model_config import ServingSettings
 from components.model.parity import OutputParity
-from components.release.gate_stats import Effect, RoundFigures, Rounds
+from components.release.effects import Effect, RoundFigures, Rounds
 from components.serving import perf
 from components.serving.perf import LoadPoint
 
@@ -224,7 +224,7 @@ class MetricVariation(Result):
 @dataclass
 class QualityCalibration(Result):
     """How much each metric of a spec moves between retrains of a model on the user's data
-    (components/release/quality_calibration.py): the limits a metric without its own then gets."""
+    (components/release/quality/calibration.py): the limits a metric without its own then gets."""
 
     model: str
     versions: list[int]  # the retrains measured, published versions of the model
@@ -238,7 +238,7 @@ class QualityCalibration(Result):
 @dataclass
 class QualityResult(Result):
     """The quality check's decision and its evidence: each metric for both versions over the labelled rows, overall
-    and per slice, with the paired difference's interval, and every limit's effect (components/release/quality.py)."""
+    and per slice, with the paired difference's interval, and every limit's effect (components/release/quality/quality.py)."""
 
     model: str
     version: int
@@ -260,7 +260,7 @@ class QualityResult(Result):
 # -------------------------------------------------------------------------------------------- gate
 @dataclass
 class GateCalibration(Result):
-    """An equal candidate's noise on one gate server for one model (components/release/gate_calibration.py)."""
+    """An equal candidate's noise on one gate server for one model (components/release/gate/calibration.py)."""
 
     model: str
     version: int  # the stable version, measured against its own published copy

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Annotated
 
 import numpy as np
 
@@ -23,8 +24,18 @@ from components.repository import ModelRepository, candidate_name, lease_owner
 from components.s3 import S3Settings
 from components.serving.triton_admin import TritonAdmin, TritonError, TritonUnreachable
 from components.settings import DEFAULT_LOAD_TIMEOUT_S
+from components.settings_model import StepSettings, setting, step_settings
 
 LOG = log.get("stage")
+
+
+@step_settings("load")
+class ModelLoadSettings(StepSettings):
+    """stage's and promote's: how long a server may take to load the candidate."""
+
+    load_timeout_s: Annotated[float, setting("seconds one model load may take on a server before it fails", gt=0)] = (
+        DEFAULT_LOAD_TIMEOUT_S
+    )
 
 
 class StageError(TritonshipError):

@@ -1,7 +1,7 @@
-"""The settings of every step but the gate's (components/settings.py) and the canary's (canary_settings.py): a
-settings type per step with named defaults, validated where it is built, whose fields are the step's `tritonship`
-options and the pipeline's parameters (components/settings_model.py says how); and which settings each command
-and each pipeline task takes.
+"""The model steps' and publish's settings, and the one list of steps: which settings type each command and each
+pipeline task takes (the gate's is components/settings.py's; stage's, tune's, quality's and promote's are beside
+their steps). A settings type per step has named defaults, is validated where it is built, and its fields are the
+step's `tritonship` options and the pipeline's parameters (components/settings_model.py says how).
 
 reject has nothing to set: its input (the verdict) is all it takes."""
 
@@ -10,45 +10,34 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
-from components.release.canary_settings import CanarySettings
-from components.release.quality_spec import QualitySettings
+from components.release.promote.settings import PromoteSettings
+from components.release.quality.spec import QualitySettings
+from components.release.stage import ModelLoadSettings
+from components.release.tune.settings import TuneSettings
 from components.repository.maintenance_settings import LeaseReleaseSettings, RepoGcSettings
 from components.settings import (
     COMPILE_IMAGE,
     DEFAULT_COMPILE_DEVICE,
-    DEFAULT_CONCURRENCY,
     DEFAULT_EXPORT_METHOD,
     DEFAULT_GOLDEN_SAMPLES,
-    DEFAULT_INSTANCE_COUNTS,
-    DEFAULT_INTRA_OP_THREAD_COUNTS,
-    DEFAULT_LOAD_TIMEOUT_S,
-    DEFAULT_PERF_TIMEOUT_S,
     DEFAULT_PRECISION,
     DEFAULT_TARGET,
     DEFAULT_TENSORRT_OPT_BATCH,
     DEFAULT_TENSORRT_WORKSPACE_GB,
-    DEFAULT_TUNE_BUDGET,
-    DEFAULT_TUNE_MIN_GAIN_PCT,
-    DEFAULT_TUNE_P99_SLACK_PCT,
     PIPELINE_DIFFERENCES,
-    RELAXED_STABILITY_PCT,
     SERVING_TORCH,
     TOOLS_IMAGE,
     ExportMethod,
     GateSettings,
-    LoadSettings,
     Precision,
     Target,
 )
 from components.settings_model import (
-    Counts,
-    Off,
     Option,
     SettingsError,
     StepSettings,
-    flattened,
     refuse,
     setting,
     step_settings,
@@ -171,88 +160,6 @@ class CompileSettings(StepSettings):
         return {**{n: getattr(self, n) for n in names}, "tolerance": tolerance}
 
 
-@step_settings("load")
-class ModelLoadSettings(StepSettings):
-    """stage's and promote's: how long a server may take to load the candidate."""
-
-    load_timeout_s: Annotated[float, setting("seconds one model load may take on a server before it fails", gt=0)] = (
-        DEFAULT_LOAD_TIMEOUT_S
-    )
-
-
-@step_settings("promote")
-class PromoteSettings(StepSettings):
-    """promote's: the load time limit and the canary (components/release/canary_settings.py)."""
-
-    load: ModelLoadSettings = flattened(ModelLoadSettings)
-    canary: CanarySettings = flattened(CanarySettings)
-
-    @property
-    def load_timeout_s(self) -> float:
-        return self.load.load_timeout_s
-
-
-@step_settings("tune")
-class TuneSettings(StepSettings):
-    # perf_analyzer's stability check relaxed, as the gate's: a busy machine's noise must not lose a trial
-    load: LoadSettings = flattened(
-        lambda: LoadSettings(concurrency=DEFAULT_CONCURRENCY, stability_pct=RELAXED_STABILITY_PCT)
-    )
-    # the pipeline tunes at the gate's load and within its p99 limit (at_gate); by hand they are set here
-    max_p99_ms: Annotated[Off, setting("p99 limit, ms; 0: the default settings' p99 plus the slack", pipeline=None)] = (
-        None
-    )
-    p99_slack_pct: Annotated[
-        float,
-        setting(
-            "how much p99 may grow over the default settings' when no limit is given",
-            pipeline="tune_p99_slack_pct",
-            ge=0,
-        ),
-    ] = DEFAULT_TUNE_P99_SLACK_PCT
-    budget: Annotated[
-        int, setting("settings measured at most (two confirmation runs come on top)", pipeline="tune_budget", ge=1)
-    ] = DEFAULT_TUNE_BUDGET
-    min_gain_pct: Annotated[
-        float,
-        setting("the smallest throughput gain that moves the search, %", pipeline="tune_min_gain_pct", ge=0),
-    ] = DEFAULT_TUNE_MIN_GAIN_PCT
-    instance_counts: Annotated[
-        Counts,
-        setting(
-            "instance counts tried, comma-separated, for the model and for an ensemble's pre/post steps",
-            pipeline="tune_instance_counts",
-            expect=COUNTS,
-        ),
-    ] = DEFAULT_INSTANCE_COUNTS
-    intra_op_thread_counts: Annotated[
-        Counts,
-        setting(
-            "the PyTorch backend's intra-op thread counts tried, comma-separated (CPU models)",
-            option="intra_op_threads",
-            pipeline="tune_intra_op_threads",
-            expect=COUNTS,
-        ),
-    ] = DEFAULT_INTRA_OP_THREAD_COUNTS
-    queue_delays_us: tuple[Annotated[int, Field(ge=0)], ...] = (0, 500, 2000, 8000)
-    # the TorchScript profiling executor on and off; a CPU model keeps its own (tune)
-    optimized_executions: tuple[bool, ...] = (True, False)
-    perf_timeout_s: Annotated[float, Field(gt=0)] = DEFAULT_PERF_TIMEOUT_S
-    # the pipeline's switch; `tritonship tune` always searches
-    enabled: Annotated[
-        bool,
-        setting(
-            "search the candidate's serving settings on the gate before the gate measures it",
-            pipeline="tune",
-            cli=False,
-        ),
-    ] = True
-
-    def at_gate(self, gate: GateSettings) -> TuneSettings:
-        """Tuned as the pipeline tunes: at the gate's load, within its p99 limit."""
-        return dataclasses.replace(self, load=gate.load, max_p99_ms=gate.thresholds.max_p99_ms)
-
-
 # Every step's settings type by its `tritonship` command (reject has none: see the docstring).
 COMMANDS: dict[tuple[str, ...], type[StepSettings]] = {
     ("export",): ExportSettings,
@@ -299,8 +206,8 @@ def pipeline_parameters() -> dict[str, Option]:
 
 def pipeline_settings(given: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The pipeline's parameters (by pipeline name; a missing one takes the pipeline's default) as each task's
-    settings in their flat form, by step; every step's are built, so checked: a wrong value fails before anything
-    runs. Tune measures at the gate's load, within its p99 limit."""
+    settings, whole (to_dict: the task rebuilds them with from_dict), by step; every step's are built, so checked:
+    a wrong value fails before anything runs. Tune measures at the gate's load, within its p99 limit."""
     parameters = pipeline_parameters()
     unknown = sorted(set(given) - set(parameters))
     if unknown:
@@ -311,5 +218,4 @@ def pipeline_settings(given: dict[str, Any]) -> dict[str, dict[str, Any]]:
         for step, kind in PIPELINE_STEPS.items()
     }
     steps["tune"] = steps["tune"].at_gate(steps["gate"])
-    # what no parameter sets and is None (compile's tolerances) is left out: from_flat gives it back
-    return {step: {n: v for n, v in chosen.to_flat().items() if v is not None} for step, chosen in steps.items()}
+    return {step: chosen.to_dict() for step, chosen in steps.items()}

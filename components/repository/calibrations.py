@@ -1,9 +1,9 @@
 """Calibrations, each rewritten by the next:
 - the gate's, root/calibration/<gate host_port>/<model>.json: the noise of an equal candidate as measured on that
-  gate server for that model (components/release/gate_calibration.py). The gate reads it to say up front which
+  gate server for that model (components/release/gate/calibration.py). The gate reads it to say up front which
   limits its budget can decide there.
 - the quality check's, root/calibration/quality/<model>.json: how much each metric moves between retrains of the
-  model (components/release/quality_calibration.py). The quality step takes its limits for metrics without any."""
+  model (components/release/quality/calibration.py). The quality step takes its limits for metrics without any."""
 
 from __future__ import annotations
 

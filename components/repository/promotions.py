@@ -2,7 +2,7 @@
 each of its phases and deleted when it ends. A run that died (SIGKILL, a lost node, a pod past its grace
 period) leaves it behind, and `reconcile` or the pipeline's exit handler settles it (docs/design.md
 section 3). Only the holder of the model's release lease writes it. Its keys are `PromotionRecord`'s
-(components/release/promotion_records.py), which writes and reads it; this store adds `model` and `updated`."""
+(components/release/promote/records.py), which writes and reads it; this store adds `model` and `updated`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What a production Triton says about the live requests a model has served: its metrics endpoint's counters
-per model and version, read by promote's canary (components/release/canary.py).
+per model and version, read by promote's canary (components/release/promote/canary.py).
 
 Triton counts every request of a model version since it was loaded: `nv_inference_request_success`,
 `nv_inference_request_failure` (by reason) and `nv_inference_request_duration_us` (the time from the request's

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from components.release.quality_spec import QualitySettings
+from components.release.quality.spec import QualitySettings
 from components.settings import DEFAULT_CALIBRATION_ROUNDS, GateSettings
 from pipelines.cli.common import (
     EndpointOption,
@@ -44,7 +44,7 @@ def calibrate_gate_cmd(
 ) -> None:
     """Measure an equal candidate's noise on the gate server (the stable version against itself, as the gate measures)
     and record it in S3; say which limits the gate's budget can decide there. The gate then reads it."""
-    from components.release.gate_calibration import budgets, calibrate
+    from components.release.gate.calibration import budgets, calibrate
 
     with console.status(f"measuring {rounds} A/A rounds of {model} on the gate server"):
         found = calibrate(repository, model, one_server(gate), gate_settings, rounds, s3_settings(s3_endpoint))
@@ -80,7 +80,7 @@ def calibrate_quality_cmd(
     """Measure how much each metric of the quality spec moves between retrains of the model on the labelled data,
     and record it in S3; the quality step then lets a metric without limits of its own drop that much."""
     from components.errors import TritonshipError
-    from components.release.quality_calibration import MIN_RETRAINS, calibrate_quality
+    from components.release.quality.calibration import MIN_RETRAINS, calibrate_quality
 
     if not chosen.enabled:
         raise TritonshipError("give --eval-data (labelled rows) and --quality-spec (the metrics to calibrate).")

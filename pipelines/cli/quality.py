@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from components.release.quality_spec import QualitySettings
+from components.release.quality.spec import QualitySettings
 from pipelines.cli.common import (
     EndpointOption,
     GateOption,
@@ -41,8 +41,8 @@ def quality_cmd(
     """Send labelled rows to the staged candidate and to stable on the gate, and judge each metric's change.
     Exit 0 only on pass; `tritonship gate --quality` folds the result into the verdict."""
     from components.errors import TritonshipError
-    from components.release import quality_report
-    from components.release.quality import quality
+    from components.release.quality import report as quality_report
+    from components.release.quality.quality import quality
 
     if not chosen.enabled:
         raise TritonshipError("give --eval-data (labelled rows) and --quality-spec (the metrics and their limits).")

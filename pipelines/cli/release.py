@@ -12,7 +12,9 @@ import typer
 
 from components import log
 from components.errors import TritonshipError
-from components.release.step_settings import ModelLoadSettings, PromoteSettings, TuneSettings
+from components.release.promote.settings import PromoteSettings
+from components.release.stage import ModelLoadSettings
+from components.release.tune.settings import TuneSettings
 from components.settings import GateSettings
 from pipelines.cli.common import (
     EndpointOption,
@@ -114,8 +116,8 @@ def tune_cmd(
     """Search the candidate's serving settings on the gate server (config override; S3 untouched)."""
     from rich.table import Table
 
-    from components.release import gate_report
-    from components.release.tune import tune
+    from components.release.gate import report as gate_report
+    from components.release.tune.tune import tune
 
     with console.status(f"tuning {model} v{version} on the gate (at most {tune_settings.budget} settings)"):
         url, metrics_url = gate_server(gate, gate_metrics)
@@ -152,7 +154,7 @@ def gate_cmd(
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Measure candidate against stable with perf_analyzer and decide pass / fail / inconclusive. Exit 0 only on pass."""
-    from components.release import gate as gate_step
+    from components.release.gate import gate as gate_step
     from components.release.results import QualityResult, StageResult, TuneResult
 
     staged = read_result(stage_result, "stage result", StageResult) if stage_result else None
@@ -206,10 +208,10 @@ def promote_cmd(
     """Roll the gated candidate out to every production replica, one at a time; revert on any failure.
     With the canary (the default), the first replicas switched are measured against the others on live
     traffic first; exit 1 when it reverts."""
-    from components.release import canary_report
-    from components.release.promote import PromotionError, promote
-    from components.release.promotion import reverted_by_canary
-    from components.release.promotion_records import Outcome
+    from components.release.promote import canary_report
+    from components.release.promote.promote import PromotionError, promote
+    from components.release.promote.promotion import reverted_by_canary
+    from components.release.promote.records import Outcome
     from components.release.results import TuneResult, Verdict
     from components.serving.replicas import resolve
 
@@ -252,7 +254,7 @@ def reject_cmd(
     s3_endpoint: EndpointOption = None,
 ) -> None:
     """Unload the candidate from the gate, leave production untouched, record the verdict."""
-    from components.release.promote import reject
+    from components.release.promote.promote import reject
     from components.release.results import Verdict
 
     decided = read_result(verdict, "verdict", Verdict)
@@ -285,7 +287,7 @@ def reconcile_cmd(
     """Make every production replica serve the desired state in S3; exit 1 if any replica does not."""
     from rich.table import Table
 
-    from components.release.reconcile import reconcile
+    from components.release.promote.reconcile import reconcile
     from components.serving.replicas import resolve
     from components.serving.triton_admin import TritonAdmin
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from components.release.gate import gate
-from components.release.promote import promote, reject
+from components.release.gate.gate import gate
+from components.release.promote.promote import promote, reject
 from components.release.publish import publish
 from components.release.stage import stage
 from components.repository import ModelRepository

@@ -20,7 +20,7 @@ from components import log
 from components.errors import TritonshipError
 from components.model.ensemble import member_names
 from components.model.model_config import ModelConfig, pin_version
-from components.release.promotion_records import PromotionRecord
+from components.release.promote.records import PromotionRecord
 from components.repository import ModelRepository, lease_owner
 from components.s3 import S3Settings
 from components.serving.replicas import Replica

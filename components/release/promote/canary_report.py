@@ -8,10 +8,10 @@ import tempfile
 from dataclasses import fields
 from pathlib import Path
 
-from components.release.canary_settings import SUMMARY_WINDOW_S
 from components.release.effect_plot import PLOT_FILE, embedded_image, plot
-from components.release.gate_stats import Effect
-from components.release.promotion_records import CanaryResult
+from components.release.effects import Effect
+from components.release.promote.records import CanaryResult
+from components.release.promote.settings import SUMMARY_WINDOW_S
 
 ROUND_HEADER = (
     "round",

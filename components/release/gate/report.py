@@ -6,8 +6,8 @@ import html
 from pathlib import Path
 from typing import Any
 
-from components.release import quality_report
 from components.release.effect_plot import PLOT_FILE, embedded_image, plot
+from components.release.quality import report as quality_report
 from components.release.results import GateResult
 from components.serving import server_metrics
 

@@ -8,10 +8,10 @@ How it measures (docs/design.md section 4)
     **alternating** design they run one after the other
     (S C, C S, ...). perf_analyzer's own stability check is relaxed (it always measures three
     windows and never exits 2 for noise): every request's latency comes from its profile export and
-    the gate judges the noise itself, from the intervals of gate_stats.
+    the gate judges the noise itself, from the intervals of effects.
 
 How it decides
-    After each round every limit's effect gets an interval (gate_stats): fail as soon as one lies
+    After each round every limit's effect gets an interval (release/effects.py): fail as soon as one lies
     wholly beyond its limit, pass once all lie wholly within, otherwise another round, until the
     time budget is spent: only then inconclusive. The budget is the whole decision's (loading the
     stable version and warming up count), so `budget_s` bounds what a release waits for a verdict. A
@@ -42,9 +42,10 @@ import numpy as np
 from components import log
 from components.errors import TritonshipError
 from components.model import model_config
-from components.release import gate_calibration, gate_stats
+from components.release import effects
+from components.release.gate import calibration as gate_calibration
 from components.release.gate_turn import GateBusy, gate_turn
-from components.release.quality import fold_into_verdict
+from components.release.quality.quality import fold_into_verdict
 from components.release.results import Attempt, GateCalibration, GateResult, QualityResult, StageResult, TuneResult
 from components.release.stage import load_stable, read_candidate
 from components.repository import ModelRepository, candidate_name, lease_owner
@@ -105,17 +106,17 @@ def measure_sequentially(
             ]
             return
         result.rounds += 1
-        c_ms, s_ms, c_s, s_s = gate_stats.round_requests(
+        c_ms, s_ms, c_s, s_s = effects.round_requests(
             runs[0].requests, runs[1].requests if len(runs) > 1 else None, settings.design == "duet"
         )
         result.candidate.add(c_ms, c_s)
         if s_ms is not None:
             result.stable.add(s_ms, s_s)
         if result.rounds >= settings.min_rounds:
-            result.effects = gate_stats.effects(
+            result.effects = effects.effects(
                 result.candidate, result.stable if with_stable else None, limits, settings.confidence
             )
-            decision = gate_stats.judge(result.effects)
+            decision = effects.judge(result.effects)
             if decision != "undecided":
                 result.verdict = decision
                 result.stopped = f"decided after {result.rounds} rounds"
@@ -216,7 +217,7 @@ def gate(
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "verdict.json").write_text(result.to_json())
         _write_latencies(result, out_dir / "raw" / "latencies.npz")
-        from components.release import gate_report
+        from components.release.gate import report as gate_report
 
         gate_report.write(result, out_dir)
     repo.record(
@@ -288,7 +289,7 @@ def _measure(
         try:
             first = {k: v[:1] for k, v in candidate.golden_inputs.items()}
             for target in targets:  # a freshly loaded model's first requests are slow
-                for _ in range(gate_stats.WARM_UP_REQUESTS):
+                for _ in range(effects.WARM_UP_REQUESTS):
                     admin.infer(target.model, first, candidate.output_names, target.version)
             result.settings["request_shapes"] = candidate.request_shapes
             with tempfile.TemporaryDirectory(prefix="tritonship-gate-") as tmp:

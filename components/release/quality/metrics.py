@@ -24,7 +24,7 @@ import numpy as np
 
 from components.errors import TritonshipError
 from components.model.signature import FLOAT_DTYPES, TensorSpec
-from components.release.quality_spec import MetricSpec
+from components.release.quality.spec import MetricSpec
 
 Arrays = dict[str, np.ndarray]
 EPS = 1e-15  # log_loss's probabilities are clipped to [EPS, 1 - EPS]

@@ -1,7 +1,7 @@
 """Promote and reject steps.
 
 Promote (only on a `pass` verdict) holds the model's release lease and runs a `Promotion` through its phases (copy,
-canary, roll, finish: components/release/promotion.py, which documents its states). It returns the result when
+canary, roll, finish: components/release/promote/promotion.py, which documents its states). It returns the result when
 the version is promoted, or when the canary reverted it, a normal outcome (`result.outcome`); it raises a
 PromotionError when a failure reverted it, PromotionCancelled when SIGTERM or SIGINT did, and PartialRevert when a
 revert left a replica behind. Promoted, the candidate leaves the gate server.
@@ -17,11 +17,11 @@ from contextlib import contextmanager
 from components import log
 from components.errors import TritonshipError
 from components.model import model_config
-from components.release.canary_settings import CanarySettings
-from components.release.cancel import Cancelled, cancellable, shielded
-from components.release.promotion import Plan, Progress, Promotion, Stop
-from components.release.promotion_records import Outcome, PromoteResult
-from components.release.rollout import Fleet, PromotionError
+from components.release.promote.cancel import Cancelled, cancellable, shielded
+from components.release.promote.promotion import Plan, Progress, Promotion, Stop
+from components.release.promote.records import Outcome, PromoteResult
+from components.release.promote.rollout import Fleet, PromotionError
+from components.release.promote.settings import CanarySettings
 from components.repository import ModelRepository, candidate_name, lease_owner
 from components.s3 import S3Error, S3Settings
 from components.serving.replicas import Replica

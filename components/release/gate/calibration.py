@@ -4,7 +4,7 @@ gate's budget can decide there.
 `calibrate` measures the stable version against itself exactly as the gate measures a candidate against stable:
 its published copy loaded dark as the candidate, the stable version beside it, duet rounds at the gate's load. The
 spread of the rounds' log ratios (p99, throughput) is the gate's noise there. With the anytime-valid interval
-(components/release/gate_stats.py) it gives, for the rounds the budget holds, the smallest limit an equal candidate
+(components/release/effects.py) it gives, for the rounds the budget holds, the smallest limit an equal candidate
 is decided within (`decidable`), and for a limit, the budget it needs (`budget_for`). The result is recorded in S3
 per gate server and model; the gate reads it before measuring and says up front when its limits cannot be decided
 within its budget there, or, where the settings allow, takes the budget the calibration asks for."""
@@ -21,7 +21,7 @@ from scipy import stats
 from components import log
 from components.errors import TritonshipError
 from components.model.model_config import ModelConfig
-from components.release import gate_stats
+from components.release import effects
 from components.release.gate_turn import gate_turn
 from components.release.results import GateCalibration
 from components.release.stage import CandidateVersion, load_candidate, load_stable, read_candidate
@@ -51,7 +51,7 @@ def decidable(sd: float, rounds: int, confidence: float) -> float:
     rounds whose log ratios spread by `sd`; infinite when too few rounds fit."""
     if rounds < 3:
         return float("inf")
-    _, low, high = gate_stats.sequential_interval(_normal_sample(sd, rounds), confidence, robust=False)
+    _, low, high = effects.sequential_interval(_normal_sample(sd, rounds), confidence, robust=False)
     return float(np.expm1(max(high, -low)))
 
 
@@ -161,7 +161,7 @@ def _measure(
         targets = [perf.Target(name, str(version)), perf.Target(candidate.model, str(version))]
         first = {k: v[:1] for k, v in candidate.golden_inputs.items()}
         for target in targets:
-            for _ in range(gate_stats.WARM_UP_REQUESTS):
+            for _ in range(effects.WARM_UP_REQUESTS):
                 admin.infer(target.model, first, candidate.output_names, target.version)
         setup = time.monotonic() - setup_started
         p99s, throughputs, durations = [], [], []
@@ -179,7 +179,7 @@ def _measure(
                     raise CalibrationError(
                         f"round {index + 1} could not be measured: {runs[0].reason or runs[1].reason}"
                     )
-                a_ms, b_ms, a_s, b_s = gate_stats.round_requests(runs[0].requests, runs[1].requests, duet=True)
+                a_ms, b_ms, a_s, b_s = effects.round_requests(runs[0].requests, runs[1].requests, duet=True)
                 p99s.append(np.log(np.percentile(a_ms, 99) / np.percentile(b_ms, 99)))
                 throughputs.append(np.log((a_ms.size / a_s) / (b_ms.size / b_s)))
     finally:

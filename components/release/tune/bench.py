@@ -1,5 +1,5 @@
 """The tune step's bench: the candidate reloaded with each setting on the gate server (through the load API with a
-config override; S3 is never written) and measured with perf_analyzer at the gate's load (components/release/tune.py
+config override; S3 is never written) and measured with perf_analyzer at the gate's load (components/release/tune/tune.py
 says how the settings are searched)."""
 
 from __future__ import annotations

@@ -217,7 +217,7 @@ def spec_outputs(spec: QualitySpec) -> list[str]:
 
 @step_settings("quality")
 class QualitySettings(StepSettings):
-    """The quality check's inputs: the labelled data and the spec, checked together (components/release/quality.py)."""
+    """The quality check's inputs: the labelled data and the spec, checked together (components/release/quality/quality.py)."""
 
     eval_data: Annotated[
         str,

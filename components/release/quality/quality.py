@@ -10,8 +10,8 @@ How it measures
 
 How it decides
     Per metric: the paired difference candidate - stable (and relative to stable) with its interval at the
-    gate's confidence, from the per-row differences (components/release/quality_metrics.py); the candidate's
-    own value with its interval against a floor (or a ceiling). Each limit is an Effect (gate_stats): `beyond`
+    gate's confidence, from the per-row differences (components/release/quality/metrics.py); the candidate's
+    own value with its interval against a floor (or a ceiling). Each limit is an Effect (release/effects.py): `beyond`
     fails, all `within` passes, otherwise inconclusive, and the effect says about how many more rows would
     decide at the same estimate and spread. Slices are reported; a metric with `per_slice` is judged on each.
 
@@ -34,11 +34,11 @@ from scipy import stats
 
 from components import log
 from components.model.eval_data import EvalData, batches, open_eval_data
-from components.release import quality_metrics
-from components.release.gate_stats import Effect, judge
+from components.release.effects import Effect, judge
 from components.release.gate_turn import gate_turn
-from components.release.quality_metrics import Estimate, Metric, QualityError
-from components.release.quality_spec import MetricSpec, QualitySpec, spec_outputs
+from components.release.quality import metrics as quality_metrics
+from components.release.quality.metrics import Estimate, Metric, QualityError
+from components.release.quality.spec import MetricSpec, QualitySpec, spec_outputs
 from components.release.results import QualityCalibration, QualityResult
 from components.release.stage import CandidateVersion, load_stable, read_candidate
 from components.repository import ModelRepository, candidate_name, lease_owner
@@ -200,7 +200,7 @@ def measure(
 
 def calibrated_limits(spec: QualitySpec, record: dict[str, Any] | None) -> dict[str, float]:
     """For each metric of `spec` without a limit of its own that the quality calibration `record` measured
-    (components/release/quality_calibration.py), the drop it may take (percent): the calibrated one where it is
+    (components/release/quality/calibration.py), the drop it may take (percent): the calibrated one where it is
     wider than the default."""
     if not record:
         return {}

@@ -17,7 +17,7 @@ reference an equal candidate on the slower replica would look like a regression.
 is inconclusive before anything is switched. **After the switch** the first round never counts (a freshly
 loaded TorchScript specialises itself for each input shape it meets first).
 
-The effects, over the counted rounds, with the gate's statistics (components/release/gate_stats.py):
+The effects, over the counted rounds, with the gate's statistics (components/release/effects.py):
 - mean latency, canary over stable: the change in the mean of the per-round log ratios (each held near its
   period's median) from before the switch to after it, with its anytime-valid interval (both periods' noise
   widens it), so looking after every round keeps the error rates;
@@ -49,10 +49,10 @@ import numpy as np
 from components import log
 from components.clock import Clock, SystemClock
 from components.errors import TritonshipError
-from components.release import gate_stats
-from components.release.canary_settings import CanarySettings
-from components.release.cancel import raise_pending
-from components.release.promotion_records import CanaryResult, CanaryRound, Side
+from components.release import effects as effect_stats
+from components.release.promote.cancel import raise_pending
+from components.release.promote.records import CanaryResult, CanaryRound, Side
+from components.release.promote.settings import CanarySettings
 from components.serving.live_metrics import Counts, MetricsUnavailable, Scrape, scrape
 from components.serving.replicas import Replica
 
@@ -220,7 +220,7 @@ def _bake(
         if len(counted) >= settings.min_rounds:
             found = effects(counted, reference, settings)
             result.effects = [e.to_dict() for e in found]
-            decided = gate_stats.judge(found)
+            decided = effect_stats.judge(found)
             if decided != "undecided":
                 result.decision = decided
                 result.reasons = [e.describe() for e in found]
@@ -311,21 +311,21 @@ def _round(
 
 def effects(
     rounds: list[tuple[Side, Side]], reference: list[tuple[Side, Side]], settings: CanarySettings
-) -> list[gate_stats.Effect]:
+) -> list[effect_stats.Effect]:
     """One Effect per limit that applies, over the counted rounds (canary, stable) after the switch. A relative
     effect is the canary's standing against the stable replicas after the switch less its standing before it
     (`reference`, both sides on stable): what the candidate changed, not what sets the replicas apart."""
-    out: list[gate_stats.Effect] = []
+    out: list[effect_stats.Effect] = []
     confidence = settings.confidence
 
     def ratio(name: str, after: list[tuple[float, float]], before: list[tuple[float, float]], limit: float) -> None:
         logs = [np.log([c / b for c, b in pairs]) for pairs in (after, before)]
-        mean, low, high = (np.exp(v) - 1 for v in gate_stats.sequential_difference(*logs, confidence))
-        out.append(gate_stats.Effect(name, mean, low, high, limit / 100, True, "%"))
+        mean, low, high = (np.exp(v) - 1 for v in effect_stats.sequential_difference(*logs, confidence))
+        out.append(effect_stats.Effect(name, mean, low, high, limit / 100, True, "%"))
 
     def absolute(name: str, values: list[float], limit: float) -> None:
-        mean, low, high = (np.exp(v) for v in gate_stats.sequential_interval(np.log(values), confidence))
-        out.append(gate_stats.Effect(name, mean, low, high, limit, True, "ms"))
+        mean, low, high = (np.exp(v) for v in effect_stats.sequential_interval(np.log(values), confidence))
+        out.append(effect_stats.Effect(name, mean, low, high, limit, True, "ms"))
 
     # a side whose every request failed has no latency: the canary's counts as extreme (failures decide it)
     latency = [[(c.mean_ms or NO_LATENCY_MS, b.mean_ms or NO_LATENCY_MS) for c, b in r] for r in (rounds, reference)]
@@ -345,9 +345,9 @@ def effects(
         ratio("p99", *p99s, settings.max_p99_regression_pct)  # type: ignore[arg-type]
     if settings.max_failure_increase_pct:  # percentage points: no logs, no round held in
         shares = [np.array([c.failure_share - b.failure_share for c, b in r]) for r in (rounds, reference)]
-        mean, low, high = gate_stats.sequential_difference(*shares, confidence, robust=False)
+        mean, low, high = effect_stats.sequential_difference(*shares, confidence, robust=False)
         limit = settings.max_failure_increase_pct / 100
-        out.append(gate_stats.Effect("failed requests", mean, low, high, limit, True, "%"))
+        out.append(effect_stats.Effect("failed requests", mean, low, high, limit, True, "%"))
     return out
 
 

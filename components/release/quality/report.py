@@ -9,7 +9,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from components.release.effect_plot import embedded_image, plot
-from components.release.gate_stats import Effect
+from components.release.effects import Effect
 from components.release.results import QualityResult
 
 PLOT_FILE = "quality.png"

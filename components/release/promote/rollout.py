@@ -1,5 +1,5 @@
 """What promote does to one replica: switch it to the new version (and check its answers), or put it back on
-the stable one. components/release/promotion.py runs these in its phases (`Fleet`).
+the stable one. components/release/promote/promotion.py runs these in its phases (`Fleet`).
 
 An ensemble switches with its members: members' version N is loaded beside the old one, the ensemble is
 reloaded pinned to N in one step, then the old members are unloaded, so no request runs a mix. Triton swaps a
@@ -15,7 +15,7 @@ from components import log
 from components.errors import TritonshipError
 from components.model import model_config
 from components.model.parity import parity_table
-from components.release.promotion_records import PromoteResult, ReplicaOutcome
+from components.release.promote.records import PromoteResult, ReplicaOutcome
 from components.release.stage import CandidateVersion, served_accuracy
 from components.repository import ModelRepository
 from components.s3 import S3Error

@@ -14,7 +14,7 @@ from components.serving.live_metrics import Counts, Histogram
 
 
 class Phase(StrEnum):
-    """A promotion's phases, in order (components/release/promotion.py says what each does)."""
+    """A promotion's phases, in order (components/release/promote/promotion.py says what each does)."""
 
     COPY = "copy"
     CANARY = "canary"
@@ -103,7 +103,7 @@ class Side:
 
 @dataclass(frozen=True)
 class CanaryRound(Result):
-    """One round of the canary (components/release/canary.py): each side's figures, and for an ensemble each
+    """One round of the canary (components/release/promote/canary.py): each side's figures, and for an ensemble each
     member's mean latency per side (`canary_mean_ms`, `baseline_mean_ms`); `counted` says whether it takes part,
     `note` why not."""
 

@@ -18,11 +18,11 @@ from scipy import stats
 
 from components import log
 from components.model.eval_data import open_eval_data
-from components.release import quality_metrics
 from components.release.gate_turn import gate_turn
-from components.release.quality import check, measure
-from components.release.quality_metrics import Metric, QualityError
-from components.release.quality_spec import QualitySpec
+from components.release.quality import metrics as quality_metrics
+from components.release.quality.metrics import Metric, QualityError
+from components.release.quality.quality import check, measure
+from components.release.quality.spec import QualitySpec
 from components.release.results import MetricVariation, QualityCalibration
 from components.release.stage import load_candidate, read_candidate
 from components.repository import ModelRepository, candidate_name, lease_owner

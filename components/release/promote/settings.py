@@ -1,5 +1,5 @@
-"""The canary's settings (promote's live-traffic phase, components/release/canary.py): named defaults and the
-settings type, validated where built, whose fields are `tritonship promote`'s canary options and the pipeline's
+"""Promote's settings and the canary's (promote's live-traffic phase, components/release/promote/canary.py): named
+defaults and the settings types, validated where built, whose fields are `tritonship promote`'s canary options and the pipeline's
 (components/settings_model.py says how).
 
 The defaults are for production: rounds of 60 s, Triton's summary window (components/serving/live_metrics.py),
@@ -11,8 +11,9 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import Field, model_validator
 
+from components.release.stage import ModelLoadSettings
 from components.settings import DEFAULT_CONFIDENCE, DEFAULT_MAX_REGRESSION_PCT, DEFAULT_MIN_ROUNDS
-from components.settings_model import Off, StepSettings, refuse, setting, step_settings
+from components.settings_model import Off, StepSettings, flattened, refuse, setting, step_settings
 
 OnInconclusive = Literal["revert", "promote"]
 ON_INCONCLUSIVE: tuple[str, ...] = get_args(OnInconclusive)
@@ -119,3 +120,15 @@ class CanarySettings(StepSettings):
     def p99_decides(self) -> bool:
         """A round's p99 comes from Triton's summary of the last minute: only rounds that long are apart."""
         return self.round_s >= SUMMARY_WINDOW_S
+
+
+@step_settings("promote")
+class PromoteSettings(StepSettings):
+    """promote's: the load time limit and the canary."""
+
+    load: ModelLoadSettings = flattened(ModelLoadSettings)
+    canary: CanarySettings = flattened(CanarySettings)
+
+    @property
+    def load_timeout_s(self) -> float:
+        return self.load.load_timeout_s

@@ -10,22 +10,22 @@
 A replica that does not answer before COPY stops the promotion with an error; nothing has changed then.
 
 1. **copy**: the staged candidate is copied into the production folder server-side (manifest re-verified);
-2. **canary** (components/release/canary.py): the canary compares the first replicas with the others on live
+2. **canary** (components/release/promote/canary.py): the canary compares the first replicas with the others on live
    traffic while all serve the stable version; the promotion then switches them, and the canary measures them
    against the others again until it decides. The desired state still names the stable version, so a pod
    restarting meanwhile comes up on it;
 3. **roll**: the new desired state is written (config.pbtxt pinned to the new version, replaced only if it is
    still the config this promotion read: ETag), then every replica not yet switched is reloaded with it, one
-   at a time, each checked with a smoke inference (components/release/rollout.py);
+   at a time, each checked with a smoke inference (components/release/promote/rollout.py);
 4. **finish**: an ensemble's members' desired configs drop the old version, the history records the
    promotion, and the in-progress record is deleted.
 
 Each phase is recorded in S3 (`PromotionRecord`) before it starts, and a signal that a library swallowed is
-raised again there and after each replica (components/release/cancel.py). The revert runs shielded from further
+raised again there and after each replica (components/release/promote/cancel.py). The revert runs shielded from further
 signals: it writes the previous desired state back, reloads every replica to it, and the history says why. A run
 killed outright (SIGKILL) leaves its record, which `reconcile` and the pipeline's exit handler settle
-(components/release/reconcile.py). `Promotion.run` returns how it ended, never raising for an outcome;
-components/release/promote.py says which endings are errors.
+(components/release/promote/reconcile.py). `Promotion.run` returns how it ended, never raising for an outcome;
+components/release/promote/promote.py says which endings are errors.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from typing import Protocol
 from components import log
 from components.errors import TritonshipError
 from components.model import ensemble, model_config
-from components.release.canary import Canary, Watch, decide, why_reverted
-from components.release.canary_settings import CanarySettings
-from components.release.cancel import Cancelled, raise_pending, shielded
-from components.release.promotion_records import CanaryResult, Phase, PromoteResult, PromotionRecord
-from components.release.rollout import Fleet, Release
+from components.release.promote.canary import Canary, Watch, decide, why_reverted
+from components.release.promote.cancel import Cancelled, raise_pending, shielded
+from components.release.promote.records import CanaryResult, Phase, PromoteResult, PromotionRecord
+from components.release.promote.rollout import Fleet, Release
+from components.release.promote.settings import CanarySettings
 from components.release.stage import CandidateVersion, read_candidate
 from components.repository import ModelRepository
 from components.s3 import S3Error
@@ -57,7 +57,7 @@ class Progress(Protocol):
 
 
 class CanaryRun(Protocol):
-    """What a promotion asks of its canary (components/release/canary.py `Canary`)."""
+    """What a promotion asks of its canary (components/release/promote/canary.py `Canary`)."""
 
     result: CanaryResult
 

@@ -39,8 +39,8 @@ from components.model.model_config import ServingSettings
 from components.release.gate_turn import gate_turn
 from components.release.results import Trial, TuneResult
 from components.release.stage import CandidateVersion, read_candidate
-from components.release.step_settings import TuneSettings
-from components.release.tune_bench import GateBench
+from components.release.tune.bench import GateBench
+from components.release.tune.settings import TuneSettings
 from components.repository import ModelRepository, lease_owner
 from components.s3 import S3Settings
 
