@@ -49,14 +49,14 @@ def test_a_duet_runs_both_perf_analyzers_on_the_shared_cpus(stack, s3, tmp_path)
     seen: dict[int, set[int]] = {}
     done = threading.Event()
 
-    def watch() -> None:  # the masks of the perf_analyzer processes while they run
+    def watch() -> None:  # the masks of this test's perf_analyzers (not another run's) while they run
         while not done.is_set():
             for pid in filter(str.isdigit, os.listdir("/proc")):
                 try:
                     status = Path(f"/proc/{pid}/status").read_text()
                 except OSError:
                     continue
-                if status.startswith("Name:\tperf_analyzer"):
+                if status.startswith("Name:\tperf_analyzer") and f"\nPPid:\t{os.getpid()}\n" in status:
                     seen[int(pid)] = _allowed_cpus(status)
             done.wait(0.05)
 
