@@ -34,6 +34,7 @@ import numpy as np
 from components.release.promote.promote import promote
 from components.release.promote.settings import CanarySettings
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository
 from components.serving import perf
@@ -63,8 +64,8 @@ def slow_factory(window: int) -> str:
 
 
 def decide(stack: EmbeddedStack, folder: Path, run_id: str, settings: CanarySettings) -> dict:
-    published = publish(folder, repository(stack), run_id=run_id, s3=stack.s3)
-    staged = stage(repository(stack), MODEL, published.version, stack.gate.http_url, s3=stack.s3)
+    published = publish(RunContext(repository(stack), "", s3=stack.s3, run_id=run_id), folder=folder)
+    staged = stage(RunContext(repository(stack), MODEL, published.version, stack.gate.replica, stack.s3))
     assert staged.accuracy_passed, staged.load_error
     started = time.monotonic()
     result = promote(  # promoted, or reverted by the canary

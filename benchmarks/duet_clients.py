@@ -27,6 +27,7 @@ from benchmarks.gate_quality import MODEL, busy_cpus
 from components.model import model_config
 from components.release.effects import WARM_UP_REQUESTS, round_requests
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository, candidate_name
 from components.serving import perf
@@ -61,15 +62,17 @@ def main() -> None:
         tmp_path, uri = Path(tmp), f"s3://{stack.bucket}"
         (tmp_path / "stable").mkdir()
         stable = mlp_folder(tmp_path / "stable", MODEL)
-        version = publish(stable, uri, s3=stack.s3).version
+        version = publish(RunContext(uri, "", s3=stack.s3), folder=stable).version
         ModelRepository(uri, stack.s3).copy_to_production(MODEL, version)
         config = model_config.pin_version(model_config.parse_pbtxt((stable / "config.pbtxt").read_text()), version)
         ModelRepository(uri, stack.s3).write_desired_config(MODEL, config, None)
         for server in (stack.gate, *stack.replicas):
             TritonAdmin(server.http_url).load(MODEL, config)
         (tmp_path / "candidate").mkdir()
-        candidate = publish(mlp_folder(tmp_path / "candidate", MODEL), uri, run_id="aa", s3=stack.s3).version
-        stage(uri, MODEL, candidate, stack.gate.http_url, s3=stack.s3, run_id="aa")
+        candidate = publish(
+            RunContext(uri, "", s3=stack.s3, run_id="aa"), folder=mlp_folder(tmp_path / "candidate", MODEL)
+        ).version
+        stage(RunContext(uri, MODEL, candidate, stack.gate.replica, stack.s3, "aa"))
         targets = [perf.Target(candidate_name(MODEL), str(candidate)), perf.Target(MODEL, str(version))]
         data = perf.write_input_data(X, tmp_path / "input.json", batched=True)
         with TritonAdmin(stack.gate.http_url) as admin:

@@ -33,6 +33,7 @@ from benchmarks.gate_quality import demo_model, model_folder, served_iteration_u
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote, reject
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository
 from components.serving.triton_admin import TritonAdmin
@@ -48,9 +49,9 @@ LIVE_RATE_HZ = 25.0  # per model and replica: four models, two replicas, 200 req
 def release(stack: EmbeddedStack, folder: Path, run_id: str) -> dict:
     """publish -> stage -> gate -> promote or reject, as the pipeline runs them; the outcome and its times."""
     started = time.monotonic()
-    published = publish(folder, repository(stack), run_id=run_id, s3=stack.s3)
+    published = publish(RunContext(repository(stack), "", s3=stack.s3, run_id=run_id), folder=folder)
     model, version = published.model, published.version
-    staged = stage(repository(stack), model, version, stack.gate.http_url, s3=stack.s3, run_id=run_id)
+    staged = stage(RunContext(repository(stack), model, version, stack.gate.replica, stack.s3, run_id))
     verdict = gate(
         repository(stack), model, version, stack.gate.http_url, GateSettings(), staged, s3=stack.s3, run_id=run_id
     )

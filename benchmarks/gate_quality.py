@@ -43,6 +43,7 @@ from components.release.gate.calibration import budgets, calibrate
 from components.release.gate.gate import gate
 from components.release.promote.promote import unload_candidate
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository
 from components.serving import perf
@@ -204,7 +205,7 @@ def main() -> None:
         repo = ModelRepository(repo_uri, stack.s3)
         gpu_base = gpu_model(tmp_path) if args.gpu else demo_model(tmp_path) if args.demo_model else None
         stable = model_folder(tmp_path, "stable", 0, gpu_base)
-        version = publish(stable, repo_uri, s3=stack.s3).version
+        version = publish(RunContext(repo_uri, "", s3=stack.s3), folder=stable).version
         repo.copy_to_production(MODEL, version)
         config = model_config.pin_version(model_config.parse_pbtxt((stable / "config.pbtxt").read_text()), version)
         repo.write_desired_config(MODEL, config, None)
@@ -230,7 +231,11 @@ def main() -> None:
         urls = [s.http_url for s in stack.replicas]
         with LiveTraffic(urls, MODEL, request, outputs) as client, busy_cpus(args.busy):
             if args.calibrate:
-                found = calibrate(repo_uri, MODEL, stack.gate.http_url, gate_settings, args.calibrate, s3=stack.s3)
+                found = calibrate(
+                    RunContext(repo_uri, MODEL, gate=stack.gate.replica, s3=stack.s3),
+                    gate_settings,
+                    rounds=args.calibrate,
+                )
                 stable_us["calibration"] = found.to_dict() | {"budgets_s": budgets(found, gate_settings)}
                 print(f"calibration: {stable_us['calibration']}", flush=True)
             for design in args.designs.split(","):
@@ -240,9 +245,11 @@ def main() -> None:
                     delay_us = int(base_us * pct / 100)
                     if pct not in candidates:
                         folder = model_folder(tmp_path, f"c{pct}", delay_us, gpu_base, per_iteration_us)
-                        candidates[pct] = publish(folder, repo_uri, run_id=f"inject-{pct}", s3=stack.s3).version
+                        candidates[pct] = publish(
+                            RunContext(repo_uri, "", s3=stack.s3, run_id=f"inject-{pct}"), folder=folder
+                        ).version
                     # one release at a time: stage takes the model's lease, given back after the trials
-                    stage(repo_uri, MODEL, candidates[pct], stack.gate.http_url, s3=stack.s3, run_id=f"inject-{pct}")
+                    stage(RunContext(repo_uri, MODEL, candidates[pct], stack.gate.replica, stack.s3, f"inject-{pct}"))
                     verdicts, seconds, p99_changes, throughput_losses, details = [], [], [], [], []
                     for trial in range(trials):
                         started = time.monotonic()

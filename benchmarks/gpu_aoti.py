@@ -48,7 +48,8 @@ from benchmarks.model_floor import eager, operations
 from benchmarks.served_points import best_within, sweep
 from components.model import aoti, model_folder
 from components.model.model_config import AOTI_PLATFORM, ServingSettings
-from components.release.publish import publish
+from components.release.publish import PublishSettings, publish
+from components.release.run_context import RunContext
 from components.release.stage import read_candidate, stage
 from components.repository import ModelRepository
 from components.repository.store import PRODUCTION
@@ -159,8 +160,12 @@ def main() -> None:
                 entry = report["folders"][name] = {"release": release, "target": target}
                 entry["build_seconds"] = round(time.monotonic() - t)
                 entry["one_call"] = one_call(folder, args.device, args.batches)
-                version = publish(folder.path, repo_uri, RUN_ID, s3=stack.s3, serving_torch=stack.serving_torch).version
-                staged = stage(repo_uri, name, version, stack.gate.http_url, s3=stack.s3, run_id=RUN_ID)
+                version = publish(
+                    RunContext(repo_uri, "", s3=stack.s3, run_id=RUN_ID),
+                    PublishSettings(serving_torch=stack.serving_torch),
+                    folder=folder.path,
+                ).version
+                staged = stage(RunContext(repo_uri, name, version, stack.gate.replica, stack.s3, RUN_ID))
                 entry["stage"] = {"accuracy_passed": staged.accuracy_passed, "load_error": staged.load_error}
                 accuracy = "passed" if staged.accuracy_passed else f"FAILED {staged.load_error or ''}"
                 print(f"{name}: staged v{version}, accuracy {accuracy}", flush=True)

@@ -56,8 +56,9 @@ from components.model import ensemble, model_folder
 from components.model.model_config import ServingSettings, with_settings
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote
-from components.release.publish import publish
+from components.release.publish import PublishSettings, publish
 from components.release.results import TuneResult
+from components.release.run_context import RunContext
 from components.release.stage import read_candidate, stage
 from components.release.tune.tune import GateBench, TuneSettings, tune
 from components.repository import ModelRepository
@@ -254,8 +255,10 @@ def main() -> None:
         plain = compiled.version_dir / model_folder.MODEL_FILE  # a package has none (benchmarks/gpu_aoti.py times it)
         golden = compiled.golden()[0]
         report["plain_model"] = plain_model_ms(plain, golden, args.device, PLAIN_BATCHES) if plain.exists() else None
-        version = publish(bundle, repo_uri, "gpu-bench", s3=stack.s3, serving_torch=stack.serving_torch).version
-        staged = stage(repo_uri, name, version, stack.gate.http_url, s3=stack.s3, run_id="gpu-bench")
+        publishing = RunContext(repo_uri, "", s3=stack.s3, run_id="gpu-bench")  # the bundle's model
+        version = publish(publishing, PublishSettings(serving_torch=stack.serving_torch), folder=bundle).version
+        context = RunContext(repo_uri, name, version, stack.gate.replica, stack.s3, "gpu-bench")
+        staged = stage(context)
         report["stage"] = json.loads(staged.to_json())
         print(f"staged v{version}: accuracy {'passed' if staged.accuracy_passed else 'FAILED'}", flush=True)
         load = perf.LoadSettings(
@@ -264,17 +267,14 @@ def main() -> None:
             window_ms=WINDOW_MS,
             stability_pct=RELAXED_STABILITY_PCT,
         )
-        tuning = tune(
-            repo_uri,
-            name,
-            version,
-            stack.gate.http_url,
-            TuneSettings(load=load, max_p99_ms=args.tune_p99_ms, budget=args.tune_budget, instance_counts=(1, 2, 4)),
-            s3=stack.s3,
-            run_id="gpu-bench",
-            metrics_url=stack.gate.metrics_url,
+        searched = TuneSettings(
+            load=load,
+            max_p99_ms=args.tune_p99_ms,
+            budget=args.tune_budget,
+            instance_counts=(1, 2, 4),
             enabled=args.tuned_from is None,
         )
+        tuning = tune(context, searched)
         if args.tuned_from:
             earlier = TuneResult.from_json(json.dumps(json.loads(args.tuned_from.read_text())["tuning"]))
             tuning.chosen = earlier.chosen

@@ -47,6 +47,7 @@ from components.release.promote.promote import promote
 from components.release.publish import publish
 from components.release.quality.quality import quality
 from components.release.quality.spec import QualitySettings
+from components.release.run_context import RunContext
 from components.release.stage import read_candidate, stage
 from components.release.step_settings import (
     CompileSettings,
@@ -229,14 +230,14 @@ def main() -> None:
         eval_data(work / "eval.npz", size, factory, args.eval_rows, args.device)
         phase("quality data", t)
         t = time.monotonic()
-        serving_torch = PublishSettings.from_flat(**steps["publish"]).serving_torch
-        version = publish(work / name, repo_uri, RUN_ID, s3=stack.s3, serving_torch=serving_torch).version
+        publishing = RunContext(repo_uri, "", s3=stack.s3, run_id=RUN_ID)  # the folder's model
+        version = publish(publishing, PublishSettings.from_flat(**steps["publish"]), folder=work / name).version
         phase("publish", t)
         t = time.monotonic()
-        load_timeout = ModelLoadSettings.from_flat(**steps["load"]).load_timeout_s
-        staged = stage(
-            repo_uri, name, version, stack.gate.http_url, s3=stack.s3, run_id=RUN_ID, load_timeout=load_timeout
-        )
+        context = RunContext(repo_uri, name, version, stack.gate.replica, stack.s3, RUN_ID)
+        loading = ModelLoadSettings.from_flat(**steps["load"])  # stage's and promote's
+        load_timeout = loading.load_timeout_s
+        staged = stage(context, loading)
         report["stage"] = json.loads(staged.to_json())
         phase("stage", t)
         t = time.monotonic()
@@ -248,17 +249,10 @@ def main() -> None:
         phase("quality", t)
         t = time.monotonic()
         tuning_settings = TuneSettings.from_flat(**steps["tune"])
-        tuning = tune(
-            repo_uri,
-            name,
-            version,
-            stack.gate.http_url,
-            tuning_settings,
-            s3=stack.s3,
-            run_id=RUN_ID,
-            enabled=tuning_settings.enabled and staged.accuracy_passed,
-            metrics_url=stack.gate.metrics_url,
+        tuning_settings = dataclasses.replace(
+            tuning_settings, enabled=tuning_settings.enabled and staged.accuracy_passed
         )
+        tuning = tune(context, tuning_settings)
         report["tuning"] = json.loads(tuning.to_json())
         print(f"tuned: {tuning.chosen} ({tuning.confirmation or 'the default'})", flush=True)
         for trial in tuning.trials:

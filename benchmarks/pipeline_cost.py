@@ -26,6 +26,7 @@ from components.model.export import export
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.settings import GateSettings, Thresholds
 from pipelines.demo import demo_parameters
@@ -51,9 +52,9 @@ def release(stack: EmbeddedStack, tmp: Path, model: str, source: str) -> dict[st
     (tmp / "sig.yaml").write_text(SAMPLE_SIGNATURE)
     timed("export", lambda: export(source, tmp / "sig.yaml", tmp / "export"))
     timed("compile", lambda: compile_model(tmp / "export", tmp / "folder", model))
-    version = timed("publish", lambda: publish(tmp / "folder", repo, s3=stack.s3)).version
+    version = timed("publish", lambda: publish(RunContext(repo, "", s3=stack.s3), folder=tmp / "folder")).version
     staged = timed(
-        "stage", lambda: stage(repo, model, version, stack.gate.http_url, s3=stack.s3), lambda r: r.load_seconds
+        "stage", lambda: stage(RunContext(repo, model, version, stack.gate.replica, stack.s3)), lambda r: r.load_seconds
     )
     verdict = timed(
         "gate",

@@ -35,6 +35,7 @@ from components.release.publish import publish
 from components.release.quality.calibration import calibrate_quality
 from components.release.quality.quality import quality
 from components.release.quality.spec import QualitySpec
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from pipelines.samples import bert4rec
 from pipelines.samples.bert4rec import training
@@ -81,8 +82,8 @@ def _folder(work: Path, checkpoint: Path, label: str, degraded: bool) -> Path:
 
 def _decide(stack: EmbeddedStack, stable: Path, candidate: Path, data: str) -> dict:
     install_stable(stack, stable)
-    published = publish(candidate, repository(stack), s3=stack.s3)
-    staged = stage(repository(stack), MODEL, published.version, stack.gate.http_url, s3=stack.s3)
+    published = publish(RunContext(repository(stack), "", s3=stack.s3), folder=candidate)
+    staged = stage(RunContext(repository(stack), MODEL, published.version, stack.gate.replica, stack.s3))
     assert staged.accuracy_passed, staged.load_error
     outcome: dict = {}
     for name, spec in SPECS.items():
@@ -137,7 +138,10 @@ def main() -> None:
             save()
         for suffix in ("", "_calibrated"):
             if suffix:
-                versions = [publish(f, repository(stack), s3=stack.s3).version for f in calibration_folders]
+                versions = [
+                    publish(RunContext(repository(stack), "", s3=stack.s3), folder=f).version
+                    for f in calibration_folders
+                ]
                 found = calibrate_quality(
                     repository(stack), MODEL, versions, stack.gate.http_url, data(args.rows), SPECS["hit_rate_and_ndcg"],
                     s3=stack.s3,

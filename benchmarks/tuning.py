@@ -25,10 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from components.model.compile import compile_model
 from components.model.export import export
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import read_candidate, stage
 from components.release.tune.tune import GateBench, TuneSettings, default_settings, grid, tune
 from components.repository import ModelRepository
 from components.serving import perf
+from components.serving.replicas import Replica
 from pipelines.stack import EmbeddedStack
 from tests.models import CNN_SIGNATURE, RECOMMENDER_SIGNATURE, write_signature
 
@@ -56,11 +58,12 @@ def main() -> None:
             write_signature(tmp_path / f"{name}.yaml", signature)
             export(factory, tmp_path / f"{name}.yaml", tmp_path / f"{name}-export")
             compile_model(tmp_path / f"{name}-export", tmp_path / name, name)
-            version = publish(tmp_path / name, repository, s3=stack.s3).version
-            stage(repository, name, version, stack.gate.http_url, s3=stack.s3)
+            version = publish(RunContext(repository, "", s3=stack.s3), folder=tmp_path / name).version
+            stage(RunContext(repository, name, version, stack.gate.replica, stack.s3))
 
             started = time.monotonic()
-            searched = tune(repository, name, version, stack.gate.http_url, settings, s3=stack.s3)
+            on_gate = RunContext(repository, name, version, Replica("gate", stack.gate.http_url), stack.s3)
+            searched = tune(on_gate, settings)
             search_seconds = time.monotonic() - started
 
             candidate = read_candidate(ModelRepository(repository, stack.s3), name, version)

@@ -25,18 +25,12 @@ def publish_op(compiled: Input[Model], repository: str, s3_endpoint: str, run_id
     from collections import namedtuple
     from pathlib import Path
 
-    from components.release.publish import publish
-    from components.release.step_settings import PublishSettings
+    from components.release.publish import PublishSettings, publish
+    from components.release.run_context import RunContext
     from components.s3 import S3Settings
 
-    chosen = PublishSettings.from_dict(settings)
-    result = publish(
-        Path(compiled.path),
-        repository,
-        run_id=run_id,
-        s3=S3Settings.from_env(s3_endpoint),
-        serving_torch=chosen.serving_torch,
-    )
+    context = RunContext(repository, "", s3=S3Settings.from_env(s3_endpoint), run_id=run_id)  # the folder's model
+    result = publish(context, PublishSettings.from_dict(settings), folder=Path(compiled.path))
     return namedtuple("Published", ["version", "uri"])(result.version, result.uri)
 
 
@@ -47,17 +41,17 @@ def calibrate_op(repository: str, model_name: str, gate: str, s3_endpoint: str, 
     import json
 
     from components.release.gate.calibration import calibrate
-    from components.repository import ModelRepository
+    from components.release.run_context import RunContext
     from components.s3 import S3Settings
     from components.serving.replicas import resolve
     from components.settings import GateSettings
 
-    chosen, s3 = GateSettings.from_dict(settings), S3Settings.from_env(s3_endpoint)
-    if not chosen.calibrate_rounds or ModelRepository(repository, s3).desired_config(model_name)[0] is None:
+    chosen = GateSettings.from_dict(settings)
+    context = RunContext(repository, model_name, s3=S3Settings.from_env(s3_endpoint), run_id=run_id)
+    if not chosen.calibrate_rounds or context.repo().desired_config(model_name)[0] is None:
         return "[]"  # off, or a first release: no stable version to measure
     found = [
-        calibrate(repository, model_name, server.url, chosen, chosen.calibrate_rounds, s3, run_id).to_dict()
-        for server in resolve(gate)
+        calibrate(context.on(server), chosen, rounds=chosen.calibrate_rounds).to_dict() for server in resolve(gate)
     ]
     for calibration in found:
         print(f"{calibration['gate']}: the gate decides limits of {calibration['decidable_pct']} % or more")
@@ -70,22 +64,14 @@ def stage_op(
 ) -> str:
     """Load the candidate dark on the gate server; check its answers. Returns the stage result (JSON)."""
     from components.release.gate_turn import free_gate
+    from components.release.run_context import RunContext
     from components.release.stage import ModelLoadSettings, stage
-    from components.repository import ModelRepository
     from components.s3 import S3Settings
     from components.serving.replicas import resolve
 
-    s3 = S3Settings.from_env(s3_endpoint)
-    result = stage(
-        repository,
-        model_name,
-        int(version),
-        free_gate(ModelRepository(repository, s3), resolve(gate)).url,  # of several, measured there to the end
-        s3=s3,
-        run_id=run_id,
-        load_timeout=ModelLoadSettings.from_dict(settings).load_timeout_s,
-    )
-    return result.to_json()
+    context = RunContext(repository, model_name, int(version), s3=S3Settings.from_env(s3_endpoint), run_id=run_id)
+    server = free_gate(context.repo(), resolve(gate))  # of several, measured there to the end
+    return stage(context.on(server), ModelLoadSettings.from_dict(settings)).to_json()
 
 
 @step("gate")
@@ -102,30 +88,24 @@ def tune_op(
 ) -> str:
     """Search the candidate's serving settings on the gate (config overrides; S3 untouched). Returns the
     tuning result (JSON); turned off, or after a failed stage, it is the default settings, unmeasured."""
+    import dataclasses
     import json
     from pathlib import Path
 
     from components.release.gate.report import tuning_markdown
     from components.release.gate_turn import staged_server
     from components.release.results import StageResult
+    from components.release.run_context import RunContext
     from components.release.tune.settings import TuneSettings
     from components.release.tune.tune import tune
     from components.s3 import S3Settings
 
     staged = StageResult.from_json(stage_result)
     tuning = TuneSettings.from_dict(settings)  # at the gate's load, within its p99 limit (settings_op)
+    tuning = dataclasses.replace(tuning, enabled=tuning.enabled and staged.accuracy_passed)
     server = staged_server(gate, staged)  # a k8s:// gate also gives its metrics endpoint: GPU/CPU figures per trial
-    result = tune(
-        repository,
-        model_name,
-        int(version),
-        server.url,
-        tuning,
-        s3=S3Settings.from_env(s3_endpoint),
-        run_id=run_id,
-        enabled=tuning.enabled and staged.accuracy_passed,
-        metrics_url=server.metrics_url,
-    )
+    context = RunContext(repository, model_name, int(version), server, S3Settings.from_env(s3_endpoint), run_id)
+    result = tune(context, tuning)
     text = result.to_json()
     Path(report.path).write_text("\n".join(tuning_markdown(json.loads(text))) if result.trials else "tuning was off\n")
     return text

@@ -13,6 +13,7 @@ from components.release.gate.gate import gate
 from components.release.promote.promote import promote
 from components.release.publish import publish
 from components.release.results import GateResult, StageResult
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
@@ -84,8 +85,8 @@ def repository(stack: EmbeddedStack) -> str:
 def stage_and_gate(
     stack: EmbeddedStack, folder: Path, settings: GateSettings = TEST_GATE, out: Path | None = None
 ) -> tuple[int, StageResult, GateResult]:
-    published = publish(folder, repository(stack), s3=stack.s3)
-    staged = stage(repository(stack), published.model, published.version, stack.gate.http_url, s3=stack.s3)
+    published = publish(RunContext(repository(stack), "", s3=stack.s3), folder=folder)
+    staged = stage(RunContext(repository(stack), published.model, published.version, stack.gate.replica, stack.s3))
     verdict = gate(
         repository(stack),
         published.model,
@@ -104,8 +105,8 @@ def install_stable(stack: EmbeddedStack, folder: Path) -> int:
     """A first version for a test to release over, served by every replica: published, staged (with its
     accuracy check) and promoted without a measurement. For tests whose subject comes after it; the gated
     first release has tests of its own (test_release, test_pipeline, test_admin_lock, test_server_metrics)."""
-    published = publish(folder, repository(stack), s3=stack.s3)
-    staged = stage(repository(stack), published.model, published.version, stack.gate.http_url, s3=stack.s3)
+    published = publish(RunContext(repository(stack), "", s3=stack.s3), folder=folder)
+    staged = stage(RunContext(repository(stack), published.model, published.version, stack.gate.replica, stack.s3))
     assert staged.accuracy_passed, staged.load_error
     promote(
         repository(stack), published.model, published.version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3

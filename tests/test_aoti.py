@@ -22,12 +22,14 @@ from components.model.model_config import ServingSettings
 from components.model.parity import Tolerance
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote
-from components.release.publish import PublishError, publish
+from components.release.publish import PublishError, PublishSettings, publish
+from components.release.run_context import RunContext
 from components.release.stage import read_candidate, stage
 from components.release.tune.settings import TuneSettings
 from components.release.tune.tune import tune
 from components.repository import ModelRepository
 from components.serving import perf
+from components.serving.replicas import Replica
 from components.serving.triton_admin import AOTI_BACKEND_ENV, TritonAdmin, for_server
 from components.settings import RELAXED_STABILITY_PCT, LoadSettings
 from pipelines.samples import bert4rec
@@ -55,8 +57,12 @@ def _staged_like_eager(stack, folder: model_folder.ModelFolder, export_dir: Path
     """Publish and stage `folder` on the gate; its answers there equal eager's within `tol` at the golden
     inputs and at every shape the export step recorded. Returns the publish result, the stage result and the
     folder as the gate serves it (renamed)."""
-    published = publish(folder.path, repository(stack), s3=stack.s3, serving_torch=stack.serving_torch)
-    staged = stage(repository(stack), published.model, published.version, stack.gate.http_url, s3=stack.s3)
+    published = publish(
+        RunContext(repository(stack), "", s3=stack.s3),
+        PublishSettings(serving_torch=stack.serving_torch),
+        folder=folder.path,
+    )
+    staged = stage(RunContext(repository(stack), published.model, published.version, stack.gate.replica, stack.s3))
     assert staged.accuracy_passed, staged.load_error
     candidate = model_folder.ModelFolder(
         folder.path, model_config.renamed(folder.config, staged.candidate), folder.signature
@@ -137,7 +143,10 @@ def test_an_aoti_folder_is_served_like_eager_then_tuned_gated_and_promoted(key, 
         return
 
     two_in_flight = TuneSettings(budget=3, load=dataclasses.replace(TuneSettings().load, concurrency=2))
-    tuned = tune(repository(stack), published.model, published.version, stack.gate.http_url, two_in_flight, s3=stack.s3)
+    on_gate = RunContext(
+        repository(stack), published.model, published.version, Replica("gate", stack.gate.http_url), stack.s3
+    )
+    tuned = tune(on_gate, two_in_flight)
     assert tuned.trials and all(t.measured for t in tuned.trials), [t.problem for t in tuned.trials]
     # a package has no TorchScript executor; its instance count is searched like any model's (design.md s. 5)
     assert {t.settings.optimized_execution for t in tuned.trials} == {True}
@@ -268,7 +277,7 @@ def test_a_pt2_compiled_with_another_torch_is_refused_at_publish_and_nothing_is_
     name = unique("aoti_torch_")
     folder = _fake_aoti_folder(tmp_path / name, name, torch_version="2.99.0+cu130")
     with pytest.raises(PublishError) as info:
-        publish(folder, repository(stack), s3=stack.s3, serving_torch="2.14.0")
+        publish(RunContext(repository(stack), "", s3=stack.s3), PublishSettings(serving_torch="2.14.0"), folder=folder)
     assert str(info.value) == (
         f"{name}'s model.pt2 was compiled with torch 2.99.0+cu130, but the serving image runs torch 2.14.0 "
         "(images/versions.yaml); compile it with torch 2.14.0, in the compile image of the serving release."

@@ -15,6 +15,7 @@ from components.release.promote.promotion import reverted_by_canary
 from components.release.promote.records import Outcome, PromoteResult, Side
 from components.release.promote.settings import CanarySettings
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository
 from components.serving.replicas import Replica
@@ -64,8 +65,8 @@ def test_failed_requests_compare_with_the_failures_before_the_switch():
 
 
 def _staged(stack: EmbeddedStack, folder) -> int:
-    published = publish(folder, repository(stack), s3=stack.s3)
-    staged = stage(repository(stack), published.model, published.version, stack.gate.http_url, s3=stack.s3)
+    published = publish(RunContext(repository(stack), "", s3=stack.s3), folder=folder)
+    staged = stage(RunContext(repository(stack), published.model, published.version, stack.gate.replica, stack.s3))
     assert staged.accuracy_passed, staged.load_error
     return published.version
 

@@ -13,6 +13,7 @@ import yaml
 
 from components.model import model_config
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.repository import ModelRepository
 from components.serving.tools import tools_dir
 from components.serving.triton_admin import TritonAdmin, TritonError
@@ -166,7 +167,7 @@ def test_rendered_triton_arguments_come_up_ready_on_the_embedded_stack(tmp_path,
     name = unique("chart")
     folder = mlp_folder(tmp_path, name)
     repo = ModelRepository(f"s3://{stack.bucket}", stack.s3)
-    version = publish(folder, repo.uri, s3=stack.s3).version
+    version = publish(RunContext(repo.uri, "", s3=stack.s3), folder=folder).version
     repo.copy_to_production(name, version)
     config = model_config.pin_version(model_config.parse_pbtxt((folder / "config.pbtxt").read_text()), version)
     repo.write_desired_config(name, config, None)

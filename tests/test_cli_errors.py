@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from pipelines.cli import app
 from pipelines.processes import free_port
 from tests.models import MLP_SIGNATURE, mlp_folder, write_signature
@@ -30,7 +31,7 @@ def files(tmp_path_factory, stack) -> dict[str, str]:
     # a candidate published under a root the gate server does not mount
     (root / "m").mkdir()
     name = unique("nomount")
-    publish(mlp_folder(root / "m", name), f"s3://{stack.bucket}/elsewhere", s3=stack.s3)
+    publish(RunContext(f"s3://{stack.bucket}/elsewhere", "", s3=stack.s3), folder=mlp_folder(root / "m", name))
     return {
         "dir": str(root / "a_dir"),
         "missing": str(root / "missing.json"),

@@ -19,9 +19,11 @@ from components.release.promote.promote import promote, reject
 from components.release.promote.reconcile import reconcile
 from components.release.promote.settings import CanarySettings
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.release.tune.tune import TuneSettings, default_settings, tune
 from components.repository import ModelRepository, candidate_name
+from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from components.settings import Thresholds
 from pipelines.live_traffic import LiveTraffic
@@ -57,8 +59,8 @@ def _golden(bundle: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _release(stack, bundle: Path, settings, run_id: str):
-    version = publish(bundle, repository(stack), run_id, s3=stack.s3).version
-    staged = stage(repository(stack), NAME, version, stack.gate.http_url, s3=stack.s3, run_id=run_id)
+    version = publish(RunContext(repository(stack), "", s3=stack.s3, run_id=run_id), folder=bundle).version
+    staged = stage(RunContext(repository(stack), NAME, version, stack.gate.replica, stack.s3, run_id))
     verdict = gate(repository(stack), NAME, version, stack.gate.http_url, settings, staged, s3=stack.s3, run_id=run_id)
     return version, staged, verdict
 
@@ -248,8 +250,8 @@ def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, steps, tmp
         tmp_path / "bundle", name=name, device=device, compiled_steps=steps == "torchscript"
     )
     repo_uri = repository(stack)
-    version = publish(bundle, repo_uri, s3=stack.s3).version
-    staged = stage(repo_uri, name, version, stack.gate.http_url, s3=stack.s3, run_id="b4r")
+    version = publish(RunContext(repo_uri, "", s3=stack.s3), folder=bundle).version
+    staged = stage(RunContext(repo_uri, name, version, stack.gate.replica, stack.s3, "b4r"))
     assert staged.accuracy_passed, staged.accuracy
     assert {r.name for r in staged.accuracy} == {"recommended", "scores"}
     history = bert4rec.histories(3, seed=5)
@@ -257,13 +259,8 @@ def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, steps, tmp
     assert np.isin(answer["recommended"], bert4rec.CATALOGUE_IDS).all()  # catalogue ids, never a special token
 
     tuning = tune(
-        repo_uri,
-        name,
-        version,
-        stack.gate.http_url,
+        RunContext(repo_uri, name, version, Replica("gate", stack.gate.http_url), stack.s3, "b4r"),
         TuneSettings(budget=3, instance_counts=(1, 2)),
-        s3=stack.s3,
-        run_id="b4r",
     )
     assert tuning.enabled and len(tuning.trials) >= 3 and all(t.measured for t in tuning.trials), tuning.trials
     members = [f"{name}_pre", f"{name}_model", f"{name}_post"]

@@ -71,18 +71,20 @@ def test_a_ranged_length_is_staged_tuned_and_gated_at_its_opt(tmp_path, stack):
     their reports say so."""
     from components.release.gate.gate import gate
     from components.release.publish import publish
+    from components.release.run_context import RunContext
     from components.release.stage import stage
     from components.release.tune.settings import TuneSettings
     from components.release.tune.tune import tune
+    from components.serving.replicas import Replica
     from tests.release_helpers import ABSOLUTE_GATE, repository, unique
 
     name, at_opt = unique("ranged"), {"items": [16], "target_idx": [1]}  # the length at its opt, 16
     compile_model(export_sample(tmp_path, "target_index"), tmp_path / name, name)
-    version = publish(tmp_path / name, repository(stack), s3=stack.s3).version
-    staged = stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
+    version = publish(RunContext(repository(stack), "", s3=stack.s3), folder=tmp_path / name).version
+    staged = stage(RunContext(repository(stack), name, version, stack.gate.replica, stack.s3))
     assert staged.accuracy_passed, staged.load_error
     searched = TuneSettings(load=ABSOLUTE_GATE.load, budget=1, instance_counts=(1,), queue_delays_us=(0,))
-    tuned = tune(repository(stack), name, version, stack.gate.http_url, searched, s3=stack.s3)
+    tuned = tune(RunContext(repository(stack), name, version, Replica("gate", stack.gate.http_url), stack.s3), searched)
     assert tuned.request_shapes == at_opt
     verdict = gate(
         repository(stack), name, version, stack.gate.http_url, ABSOLUTE_GATE, staged, tmp_path / "gate", s3=stack.s3

@@ -22,6 +22,7 @@ from components.release.gate.gate import gate
 from components.release.promote.promote import PartialRevert, PromotionError, promote, reject
 from components.release.promote.reconcile import reconcile
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository, candidate_name
 from components.s3 import S3Error, S3Settings
@@ -87,8 +88,8 @@ def _events(stack: EmbeddedStack, name: str) -> list[tuple[str, int]]:
 
 def _published_and_gated(stack: EmbeddedStack, folder: Path, run_id: str) -> int:
     repository = f"s3://{stack.bucket}"
-    version = publish(folder, repository, run_id, s3=stack.s3).version
-    staged = stage(repository, folder.name, version, stack.gate.http_url, s3=stack.s3, run_id=run_id)
+    version = publish(RunContext(repository, "", s3=stack.s3, run_id=run_id), folder=folder).version
+    staged = stage(RunContext(repository, folder.name, version, stack.gate.replica, stack.s3, run_id))
     verdict = gate(
         repository, folder.name, version, stack.gate.http_url, ABSOLUTE_GATE, staged, s3=stack.s3, run_id=run_id
     )
@@ -115,7 +116,7 @@ def test_s3_lost_during_publish_leaves_nothing_visible_and_the_rerun_completes(
 
     cut_s3_before_put(monkeypatch, stack, second_file)
     with pytest.raises(S3Error, match="S3 could not be reached"):
-        publish(folder, f"s3://{stack.bucket}", "run-publish", s3=impatient_s3)
+        publish(RunContext(f"s3://{stack.bucket}", "", s3=impatient_s3, run_id="run-publish"), folder=folder)
     stack.s3_switch.restore()
     monkeypatch.undo()
 
@@ -123,7 +124,7 @@ def test_s3_lost_during_publish_leaves_nothing_visible_and_the_rerun_completes(
     assert repo.versions(name, staged=True) == []  # sealed versions only: the half-written one is invisible
     assert repo.allocation(name, 1) is not None and repo.manifest(name, 1, staged=True) is None
     assert _events(stack, name) == []
-    again = publish(folder, f"s3://{stack.bucket}", "run-publish", s3=stack.s3)
+    again = publish(RunContext(f"s3://{stack.bucket}", "", s3=stack.s3, run_id="run-publish"), folder=folder)
     assert (again.version, again.resumed) == (1, True)
     assert repo.verify(name, 1, staged=True) == [] and repo.incomplete_versions(name) == []
     assert _events(stack, name) == [("published", 1)]
@@ -134,13 +135,13 @@ def test_s3_lost_at_the_publish_history_write_is_recorded_by_the_rerun(tmp_path,
     folder = _mlp(tmp_path, name, "v1")
     cut_s3_before_put(monkeypatch, stack, lambda key: key.endswith("-published.json"))
     with pytest.raises(S3Error, match="S3 could not be reached"):
-        publish(folder, f"s3://{stack.bucket}", "run-history", s3=impatient_s3)
+        publish(RunContext(f"s3://{stack.bucket}", "", s3=impatient_s3, run_id="run-history"), folder=folder)
     stack.s3_switch.restore()
     monkeypatch.undo()
 
     assert _repo(stack).versions(name, staged=True) == [1]  # sealed before the history write
     assert _events(stack, name) == []
-    again = publish(folder, f"s3://{stack.bucket}", "run-history", s3=stack.s3)
+    again = publish(RunContext(f"s3://{stack.bucket}", "", s3=stack.s3, run_id="run-history"), folder=folder)
     assert (again.version, again.resumed) == (1, True)
     assert _events(stack, name) == [("published", 1)]
 
@@ -258,8 +259,10 @@ def test_gate_server_killed_during_the_gate_fails_closed_and_the_rerun_completes
     name = unique()
     install_stable(stack, _mlp(tmp_path, name, "v1"))
     repository = f"s3://{stack.bucket}"
-    version = publish(_mlp(tmp_path, name, "v2", seed=7), repository, "run-gate-kill", s3=stack.s3).version
-    stage(repository, name, version, stack.gate.http_url, s3=stack.s3, run_id="run-gate-kill")
+    version = publish(
+        RunContext(repository, "", s3=stack.s3, run_id="run-gate-kill"), folder=_mlp(tmp_path, name, "v2", seed=7)
+    ).version
+    stage(RunContext(repository, name, version, stack.gate.replica, stack.s3, "run-gate-kill"))
     fault = FaultWhilePerfAnalyzerMeasures(
         stack.gate.http_url, candidate_name(name), lambda _pid: stack.gate.process.kill()
     )
@@ -281,7 +284,7 @@ def test_gate_server_killed_during_the_gate_fails_closed_and_the_rerun_completes
     assert _served(stack, name) == [1, 1] and _desired(stack, name) == 1
 
     stack.restart_triton("gate")  # the gate pod comes back empty (it never loads models at start)
-    stage(repository, name, version, stack.gate.http_url, s3=stack.s3, run_id="run-gate-rerun")
+    stage(RunContext(repository, name, version, stack.gate.replica, stack.s3, "run-gate-rerun"))
     rerun = _gate_again(stack, name, version, "run-gate-rerun")
     assert rerun.verdict == "pass", rerun.reasons
     promote(
@@ -304,8 +307,10 @@ def test_perf_analyzer_killed_mid_run_fails_closed_and_the_rerun_completes(tmp_p
     name = unique()
     install_stable(stack, _mlp(tmp_path, name, "v1"))
     repository = f"s3://{stack.bucket}"
-    version = publish(_mlp(tmp_path, name, "v2", seed=8), repository, "run-perf-kill", s3=stack.s3).version
-    stage(repository, name, version, stack.gate.http_url, s3=stack.s3, run_id="run-perf-kill")
+    version = publish(
+        RunContext(repository, "", s3=stack.s3, run_id="run-perf-kill"), folder=_mlp(tmp_path, name, "v2", seed=8)
+    ).version
+    stage(RunContext(repository, name, version, stack.gate.replica, stack.s3, "run-perf-kill"))
     candidate = candidate_name(name)
 
     def kill(pid: int) -> None:

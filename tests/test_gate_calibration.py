@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from components.release.gate.calibration import CalibrationError, budget_for, budgets, calibrate, decidable
 from components.release.gate.gate import gate
 from components.release.results import GateCalibration
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository
 from components.settings import GateSettings
@@ -42,8 +43,8 @@ def _staged_equal(stack, tmp_path) -> tuple[str, int]:
     install_stable(stack, mlp_folder(tmp_path / "v1", name))
     from components.release.publish import publish
 
-    published = publish(mlp_folder(tmp_path / "v2", name), repository(stack), s3=stack.s3)
-    assert stage(repository(stack), name, published.version, stack.gate.http_url, s3=stack.s3).accuracy_passed
+    published = publish(RunContext(repository(stack), "", s3=stack.s3), folder=mlp_folder(tmp_path / "v2", name))
+    assert stage(RunContext(repository(stack), name, published.version, stack.gate.replica, stack.s3)).accuracy_passed
     return name, published.version
 
 
@@ -67,7 +68,7 @@ def test_calibrate_measures_the_stable_version_against_itself_and_records_it(tmp
     name = unique("calib")
     (tmp_path / "v1").mkdir()
     with pytest.raises(CalibrationError, match="has no promoted version"):
-        calibrate(repository(stack), name, stack.gate.http_url, rounds=5, s3=stack.s3)
+        calibrate(RunContext(repository(stack), name, gate=stack.gate.replica, s3=stack.s3), rounds=5)
     install_stable(stack, mlp_folder(tmp_path / "v1", name))
     shown = CliRunner().invoke(
         app,

@@ -13,6 +13,7 @@ from components.release.gate_turn import GateBusy, gate_turn
 from components.release.promote.promote import unload_candidate
 from components.release.publish import publish
 from components.release.results import StageResult, TuneResult
+from components.release.run_context import RunContext
 from components.release.step_settings import pipeline_settings
 from components.release.tune.tune import default_settings
 from components.repository import ModelRepository, lease_owner
@@ -106,7 +107,9 @@ def test_with_several_gate_servers_each_release_stages_on_a_free_one_and_measure
 
     def staged_on(name: str, spec: str = gates) -> StageResult:
         (tmp_path / name).mkdir()
-        version = publish(mlp_folder(tmp_path / name, name), repository(stack), s3=stack.s3).version
+        version = publish(
+            RunContext(repository(stack), "", s3=stack.s3), folder=mlp_folder(tmp_path / name, name)
+        ).version
         settings = pipeline_settings({})["load"]
         return StageResult.from_json(
             stage_op.python_func(repository(stack), name, version, spec, stack.s3.endpoint_url, "", settings)

@@ -8,6 +8,7 @@ import re
 from typer.testing import CliRunner
 
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.repository import ModelRepository, lease_owner
 from pipelines.cli import app
 from tests.models import mlp_folder
@@ -54,12 +55,14 @@ def test_a_failed_cli_stage_gives_its_lease_back(tmp_path, stack):
     repo = ModelRepository(repository(stack), stack.s3)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    publish(mlp_folder(tmp_path / "a", name, seed=1, weights_seed=2), repository(stack), s3=stack.s3)
+    publish(
+        RunContext(repository(stack), "", s3=stack.s3), folder=mlp_folder(tmp_path / "a", name, seed=1, weights_seed=2)
+    )
     staged = _cli(stack, "stage", "-r", repository(stack), "-m", name, "--version", "1", "--gate", stack.gate.http_url)
     assert staged.exit_code == 1 and "FAILED" in staged.output
     assert repo.lease(name) is None
     # the same run, passing: the lease stays with the release until promote or reject
-    publish(mlp_folder(tmp_path / "b", name, seed=3), repository(stack), s3=stack.s3)
+    publish(RunContext(repository(stack), "", s3=stack.s3), folder=mlp_folder(tmp_path / "b", name, seed=3))
     staged = _cli(stack, "stage", "-r", repository(stack), "-m", name, "--version", "2", "--gate", stack.gate.http_url)
     assert staged.exit_code == 0, staged.output
     assert repo.lease(name)["owner"] == lease_owner("", name, 2)

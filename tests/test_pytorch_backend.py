@@ -16,6 +16,7 @@ from components.model.signature import Signature
 from components.release.gate.gate import gate
 from components.release.promote.promote import reject
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import candidate_name
 from components.serving.triton_admin import TritonAdmin
@@ -73,8 +74,8 @@ def test_a_folder_the_backend_refuses_stops_stage_with_its_reason_and_stable_kee
     install_stable(stack, _folder(tmp_path, name, "v1"))
     folder = _folder(tmp_path, name, "v2", seed=3)
     words = break_it(folder)
-    version = publish(folder, repository(stack), s3=stack.s3).version
-    staged = stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
+    version = publish(RunContext(repository(stack), "", s3=stack.s3), folder=folder).version
+    staged = stage(RunContext(repository(stack), name, version, stack.gate.replica, stack.s3))
     assert not staged.accuracy_passed
     assert words in staged.load_error and "\n" not in staged.load_error, staged.load_error
     assert staged.load_error.startswith(f"Triton at {stack.gate.http_url} refused to load {candidate_name(name)}: ")
@@ -93,7 +94,7 @@ def test_publish_refuses_the_inter_op_setting_that_aborts_the_server(tmp_path, s
     folder = _folder(tmp_path, unique("interop"), "v1")
     _edit_config(folder, _with_inter_op)
     with pytest.raises(TritonshipError, match="sets INTER_OP_THREAD_COUNT, which makes Triton's PyTorch backend"):
-        publish(folder, repository(stack), s3=stack.s3)
+        publish(RunContext(repository(stack), "", s3=stack.s3), folder=folder)
 
 
 def test_a_candidate_that_takes_the_gate_server_down_fails_and_production_is_untouched(tmp_path, stack, monkeypatch):
@@ -106,14 +107,14 @@ def test_a_candidate_that_takes_the_gate_server_down_fails_and_production_is_unt
     first, second = (_folder(tmp_path, name, sub, seed=seed) for sub, seed in (("v2", 4), ("v3", 5)))
     for folder in (first, second):
         _edit_config(folder, _with_inter_op)
-    v2 = publish(first, repository(stack), s3=stack.s3).version
-    staged = stage(repository(stack), name, v2, stack.gate.http_url, s3=stack.s3)
+    v2 = publish(RunContext(repository(stack), "", s3=stack.s3), folder=first).version
+    staged = stage(RunContext(repository(stack), name, v2, stack.gate.replica, stack.s3))
     assert staged.accuracy_passed, staged.load_error  # the first one to set it loads
     reject(repository(stack), name, v2, "fail", ["test"], stack.gate.http_url, s3=stack.s3)
 
-    v3 = publish(second, repository(stack), s3=stack.s3).version
+    v3 = publish(RunContext(repository(stack), "", s3=stack.s3), folder=second).version
     try:
-        staged = stage(repository(stack), name, v3, stack.gate.http_url, s3=stack.s3)
+        staged = stage(RunContext(repository(stack), name, v3, stack.gate.replica, stack.s3))
         assert not staged.accuracy_passed and "went down while loading the candidate" in staged.load_error
         assert not stack.gate.process.alive()
         verdict = gate(repository(stack), name, v3, stack.gate.http_url, TEST_GATE, staged, s3=stack.s3)

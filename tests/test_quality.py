@@ -23,6 +23,7 @@ from components.release.promote.promote import PromotionError, promote, reject
 from components.release.publish import publish
 from components.release.quality.quality import quality
 from components.release.quality.spec import QualitySpec
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.release.tune.tune import default_settings
 from components.repository import ModelRepository
@@ -61,9 +62,9 @@ def _folder(tmp_path: Path, name: str, checkpoint: Path, sub: str) -> Path:
 
 
 def _staged(stack, folder: Path) -> int:
-    published = publish(folder, repository(stack), s3=stack.s3)
+    published = publish(RunContext(repository(stack), "", s3=stack.s3), folder=folder)
     assert stage(
-        repository(stack), published.model, published.version, stack.gate.http_url, s3=stack.s3
+        RunContext(repository(stack), published.model, published.version, stack.gate.replica, stack.s3),
     ).accuracy_passed
     return published.version
 

@@ -18,6 +18,7 @@ from components.release.quality.metrics import QualityError
 from components.release.quality.quality import quality
 from components.release.quality.report import markdown_lines
 from components.release.quality.spec import QualitySpec
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository
 from components.settings import DEFAULT_QUALITY_MAX_DROP_PCT
@@ -42,7 +43,9 @@ def _eval_file(tmp_path: Path, rows: int = 2000) -> Path:
 
 def _published(stack, tmp_path: Path, name: str, seed: int) -> int:
     (tmp_path / f"seed{seed}").mkdir()
-    return publish(mlp_folder(tmp_path / f"seed{seed}", name, seed=seed), repository(stack), s3=stack.s3).version
+    return publish(
+        RunContext(repository(stack), "", s3=stack.s3), folder=mlp_folder(tmp_path / f"seed{seed}", name, seed=seed)
+    ).version
 
 
 @pytest.mark.slow
@@ -67,7 +70,7 @@ def test_calibration_records_each_retrains_metric_and_the_quality_step_takes_its
 
     # each value is what the quality step itself measures for that version as the candidate
     candidate = retrains[0]
-    assert stage(repository(stack), name, candidate, stack.gate.http_url, s3=stack.s3).accuracy_passed
+    assert stage(RunContext(repository(stack), name, candidate, stack.gate.replica, stack.s3)).accuracy_passed
     judged = quality(repository(stack), name, candidate, stack.gate.http_url, str(data), NO_LIMITS, s3=stack.s3)
     whole = next(m for m in judged.metrics if m["slice"] == "")
     assert whole["candidate"] == pytest.approx(variation.values[0], rel=1e-5) and judged.stable_version == stable

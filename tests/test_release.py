@@ -126,18 +126,21 @@ def test_candidate_that_triton_cannot_load_fails_the_gate_and_production_is_unto
 
 def test_a_second_release_of_the_same_model_waits_for_the_first(tmp_path, stack):
     from components.release.publish import publish
+    from components.release.run_context import RunContext
     from components.release.stage import stage
     from components.repository import LeaseHeld
 
     name = unique()
-    first = publish(_folder(tmp_path, name, "a"), repository(stack), s3=stack.s3).version
-    second = publish(_folder(tmp_path, name, "b", seed=3), repository(stack), s3=stack.s3).version
-    stage(repository(stack), name, first, stack.gate.http_url, s3=stack.s3, run_id="run-first")
+    first = publish(RunContext(repository(stack), "", s3=stack.s3), folder=_folder(tmp_path, name, "a")).version
+    second = publish(
+        RunContext(repository(stack), "", s3=stack.s3), folder=_folder(tmp_path, name, "b", seed=3)
+    ).version
+    stage(RunContext(repository(stack), name, first, stack.gate.replica, stack.s3, "run-first"))
     with pytest.raises(LeaseHeld, match="being released by run run-first"):
-        stage(repository(stack), name, second, stack.gate.http_url, s3=stack.s3, run_id="run-second")
+        stage(RunContext(repository(stack), name, second, stack.gate.replica, stack.s3, "run-second"))
     assert TritonAdmin(stack.gate.http_url).ready_versions(candidate_name(name)) == [first]  # untouched
     reject(repository(stack), name, first, "fail", ["test"], stack.gate.http_url, s3=stack.s3, run_id="run-first")
-    stage(repository(stack), name, second, stack.gate.http_url, s3=stack.s3, run_id="run-second")
+    stage(RunContext(repository(stack), name, second, stack.gate.replica, stack.s3, "run-second"))
     assert TritonAdmin(stack.gate.http_url).ready_versions(candidate_name(name)) == [second]
     reject(repository(stack), name, second, "fail", ["test"], stack.gate.http_url, s3=stack.s3, run_id="run-second")
 
@@ -203,8 +206,9 @@ def test_missing_perf_analyzer_makes_the_verdict_fail(tmp_path, stack, monkeypat
 def test_unreachable_gate_server_makes_the_verdict_fail(tmp_path, stack):
     name = unique()
     from components.release.publish import publish
+    from components.release.run_context import RunContext
 
-    published = publish(_folder(tmp_path, name, "v1"), repository(stack), s3=stack.s3)
+    published = publish(RunContext(repository(stack), "", s3=stack.s3), folder=_folder(tmp_path, name, "v1"))
     verdict = gate(repository(stack), name, published.version, f"127.0.0.1:{free_port()}", TEST_GATE, s3=stack.s3)
     assert verdict.verdict == "fail" and "did not answer" in verdict.reasons[0]
     events = ModelRepository(repository(stack), stack.s3).history(name)

@@ -17,7 +17,8 @@ from botocore.exceptions import ClientError
 
 from components.model import model_config
 from components.model.model_folder import ModelFolderError
-from components.release.publish import publish
+from components.release.publish import PublishError, publish
+from components.release.run_context import RunContext
 from components.repository import LeaseHeld, Leases, ModelRepository, RepositoryError, Versions, candidate_name
 from components.s3 import S3Error, S3Settings
 from components.serving.triton_admin import TritonAdmin
@@ -58,7 +59,7 @@ def test_s3_server_honours_conditional_writes(stack, s3):
 def test_publish_then_read_back_byte_identical(tmp_path, stack, repo):
     name = _name()
     folder = mlp_folder(tmp_path, name)
-    result = publish(folder, repo.uri, s3=stack.s3)
+    result = publish(RunContext(repo.uri, "", s3=stack.s3), folder=folder)
     assert (result.version, result.resumed) == (1, False)
     assert result.uri == f"s3://{stack.bucket}/staging/{candidate_name(name)}/1/"
     manifest = repo.download_version(name, 1, staged=True, dest=tmp_path / "back")
@@ -74,9 +75,9 @@ def test_publish_then_read_back_byte_identical(tmp_path, stack, repo):
 def test_publishing_the_same_content_again_in_the_same_run_is_idempotent(tmp_path, stack, repo):
     name = _name()
     folder = mlp_folder(tmp_path, name)
-    first = publish(folder, repo.uri, run_id="run-a", s3=stack.s3)
-    again = publish(folder, repo.uri, run_id="run-a", s3=stack.s3)
-    other = publish(folder, repo.uri, run_id="run-b", s3=stack.s3)
+    first = publish(RunContext(repo.uri, "", s3=stack.s3, run_id="run-a"), folder=folder)
+    again = publish(RunContext(repo.uri, "", s3=stack.s3, run_id="run-a"), folder=folder)
+    other = publish(RunContext(repo.uri, "", s3=stack.s3, run_id="run-b"), folder=folder)
     assert (first.version, again.version, again.resumed, other.version) == (1, 1, True, 2)
 
 
@@ -87,7 +88,7 @@ def test_concurrent_publishes_from_threads_get_distinct_versions(tmp_path, stack
 
     def run(folder: Path) -> None:
         try:
-            results.append(publish(folder, repo.uri, s3=stack.s3))
+            results.append(publish(RunContext(repo.uri, "", s3=stack.s3), folder=folder))
         except Exception as exc:  # reported below
             errors.append(exc)
 
@@ -142,7 +143,7 @@ def test_publish_killed_half_way_leaves_nothing_visible_and_a_rerun_completes(tm
     assert repo.versions(name, staged=True) == []  # readers see nothing
     assert repo.incomplete_versions(name) == [(1, True)]
 
-    rerun = publish(folder, repo.uri, run_id="killed", s3=stack.s3)
+    rerun = publish(RunContext(repo.uri, "", s3=stack.s3, run_id="killed"), folder=folder)
     assert (rerun.version, rerun.resumed) == (1, True)
     assert repo.versions(name, staged=True) == [1] and repo.verify(name, 1, staged=True) == []
     assert repo.incomplete_versions(name) == []
@@ -150,7 +151,7 @@ def test_publish_killed_half_way_leaves_nothing_visible_and_a_rerun_completes(tm
 
 def test_gc_removes_only_versions_without_manifest_after_the_grace_period(tmp_path, stack, repo, s3):
     name = _name()
-    publish(mlp_folder(tmp_path, name), repo.uri, s3=stack.s3)
+    publish(RunContext(repo.uri, "", s3=stack.s3), folder=mlp_folder(tmp_path, name))
     version = repo.allocate_version(name, {"run_id": "crashed"})
     s3.put_object(Bucket=stack.bucket, Key=f"staging/{candidate_name(name)}/{version}/model.pt", Body=b"partial")
     assert repo.gc(grace_seconds=3600, model=name) == []  # a publish could still be running
@@ -165,7 +166,7 @@ def test_gc_removes_only_versions_without_manifest_after_the_grace_period(tmp_pa
 
 def test_verify_catches_a_tampered_file(tmp_path, stack, repo, s3):
     name = _name()
-    publish(mlp_folder(tmp_path, name), repo.uri, s3=stack.s3)
+    publish(RunContext(repo.uri, "", s3=stack.s3), folder=mlp_folder(tmp_path, name))
     assert repo.verify(name, 1, staged=True) == []
     s3.put_object(Bucket=stack.bucket, Key=f"staging/{candidate_name(name)}/1/model.pt", Body=b"tampered")
     problems = repo.verify(name, 1, staged=True)
@@ -186,7 +187,7 @@ def test_verify_catches_a_tampered_file(tmp_path, stack, repo, s3):
 def test_published_version_loads_in_triton_from_s3_staging_and_production(tmp_path, stack, repo):
     name = _name()
     folder = mlp_folder(tmp_path, name)
-    publish(folder, repo.uri, s3=stack.s3)
+    publish(RunContext(repo.uri, "", s3=stack.s3), folder=folder)
     config = model_config.parse_pbtxt((folder / "config.pbtxt").read_text())
     golden = np.load(folder / "1" / "golden.npz")
     candidate = model_config.pin_version(model_config.renamed(config, candidate_name(name)), 1)
@@ -219,10 +220,10 @@ def test_missing_bucket_and_wrong_endpoint_are_clear_and_write_nothing(tmp_path,
     before = _keys(s3, stack.bucket)
     # The pipeline's principal has no rights outside its bucket: S3 answers 403 whether or not it exists.
     with pytest.raises(S3Error, match=r"S3 denied access to bucket 'no-such-bucket' \(or it does not exist"):
-        publish(folder, "s3://no-such-bucket/root", s3=stack.s3)
+        publish(RunContext("s3://no-such-bucket/root", "", s3=stack.s3), folder=folder)
     wrong = S3Settings(f"http://127.0.0.1:{free_port()}", access_key_id="a", secret_access_key="b", max_attempts=1)
     with pytest.raises(S3Error, match="could not be reached"):
-        publish(folder, f"s3://{stack.bucket}", s3=wrong)
+        publish(RunContext(f"s3://{stack.bucket}", "", s3=wrong), folder=folder)
     assert _keys(s3, stack.bucket) == before
 
 
@@ -243,7 +244,7 @@ def test_denied_credentials_are_reported_without_the_secret(tmp_path):
         secret = "s3cr3t-" + uuid.uuid4().hex
         denied = S3Settings(f"http://127.0.0.1:{port}", access_key_id="AKIAUNKNOWN", secret_access_key=secret)
         with pytest.raises(S3Error) as info:
-            publish(mlp_folder(tmp_path, "denied"), "s3://bucket", s3=denied)
+            publish(RunContext("s3://bucket", "", s3=denied), folder=mlp_folder(tmp_path, "denied"))
         assert "denied access" in str(info.value) and secret not in str(info.value)
         assert secret not in repr(denied)
     finally:
@@ -255,31 +256,38 @@ def test_incomplete_or_inconsistent_folders_are_refused_before_anything_is_writt
     no_config = mlp_folder(tmp_path, "nc")
     (no_config / "config.pbtxt").unlink()
     with pytest.raises(ModelFolderError, match="has no config.pbtxt"):
-        publish(no_config, f"s3://{stack.bucket}", s3=stack.s3)
+        publish(RunContext(f"s3://{stack.bucket}", "", s3=stack.s3), folder=no_config)
     (tmp_path / "b").mkdir()
     no_model = mlp_folder(tmp_path / "b", "nm")
     (no_model / "1" / "model.pt").unlink()
     with pytest.raises(ModelFolderError, match="has no 1/model.pt"):
-        publish(no_model, f"s3://{stack.bucket}", s3=stack.s3)
+        publish(RunContext(f"s3://{stack.bucket}", "", s3=stack.s3), folder=no_model)
     (tmp_path / "c").mkdir()
     mismatched = mlp_folder(tmp_path / "c", "mm")
     text = (mismatched / "config.pbtxt").read_text().replace("dims: 16", "dims: 17")
     (mismatched / "config.pbtxt").write_text(text)
     with pytest.raises(model_config.ModelConfigError, match="input 'x' dims are \\[17\\], the signature says \\[16\\]"):
-        publish(mismatched, f"s3://{stack.bucket}", s3=stack.s3)
+        publish(RunContext(f"s3://{stack.bucket}", "", s3=stack.s3), folder=mismatched)
     (tmp_path / "d").mkdir()
     bad_name = mlp_folder(tmp_path / "d", "ok")
     (bad_name / "config.pbtxt").write_text(
         (bad_name / "config.pbtxt").read_text().replace('name: "ok"', 'name: "../x"')
     )
     with pytest.raises(model_config.ModelConfigError, match="model name '../x' is not valid"):
-        publish(bad_name, f"s3://{stack.bucket}", s3=stack.s3)
+        publish(RunContext(f"s3://{stack.bucket}", "", s3=stack.s3), folder=bad_name)
+    other = mlp_folder(tmp_path / "b", "other")  # a context that names a model publishes that model's folder only
+    with pytest.raises(PublishError) as refused:
+        publish(RunContext(f"s3://{stack.bucket}", "elsewhere", s3=stack.s3), folder=other)
+    assert str(refused.value) == (
+        "the folder holds the model 'other', not 'elsewhere'; publish the folder of 'elsewhere', or name no model: "
+        "publish takes it from the folder."
+    )
     assert _keys(s3, stack.bucket) == before
 
 
 def test_repo_cli_lists_and_shows_history(tmp_path, stack, repo):
     name = _name()
-    publish(mlp_folder(tmp_path, name), repo.uri, s3=stack.s3)
+    publish(RunContext(repo.uri, "", s3=stack.s3), folder=mlp_folder(tmp_path, name))
     repo.record(name, "gate", 1, "run-x", verdict="fail")
     env = {**os.environ, **stack.s3.env(), "COLUMNS": "200"}
     ls = subprocess.run(

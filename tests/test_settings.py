@@ -319,7 +319,6 @@ def test_the_step_functions_default_to_their_settings_types():
     from components.model.compile import compile_model
     from components.model.export import export
     from components.release.promote.promote import promote
-    from components.release.stage import stage
     from components.repository.leases import Leases
     from components.repository.maintenance import Maintenance
     from components.serving.perf import LoadSettings
@@ -332,11 +331,32 @@ def test_the_step_functions_default_to_their_settings_types():
     arguments = CompileSettings().step_arguments()
     arguments.pop("tolerance")
     assert {n: defaults(compile_model)[n] for n in arguments} == arguments
-    for step in (stage, promote):
-        assert defaults(step)["load_timeout"] == ModelLoadSettings().load_timeout_s
+    assert defaults(promote)["load_timeout"] == ModelLoadSettings().load_timeout_s
     assert defaults(Maintenance.gc)["grace_seconds"] == RepoGcSettings().grace
     assert defaults(Leases.acquire_lease)["seconds"] == settings.DEFAULT_LEASE_S
     assert TuneSettings().load.window_ms == LoadSettings().window_ms == settings.DEFAULT_WINDOW_MS
+
+
+def test_stage_tune_calibrate_and_publish_take_a_context_and_their_settings_whole():
+    """step(context, settings, *its inputs): no setting unpacked into an argument, no default bound a second time."""
+    from components.release.gate.calibration import calibrate
+    from components.release.publish import PublishSettings, publish, publish_bundle
+    from components.release.run_context import RunContext
+    from components.release.stage import stage
+    from components.release.tune.tune import tune
+
+    for step, kind in (
+        (stage, ModelLoadSettings),
+        (tune, TuneSettings),
+        (calibrate, GateSettings),
+        (publish, PublishSettings),
+        (publish_bundle, PublishSettings),
+    ):
+        parameters = inspect.signature(step, eval_str=True).parameters
+        context, chosen, *inputs = parameters.values()
+        assert (context.name, context.annotation) == ("context", RunContext), step.__name__
+        assert (chosen.name, chosen.annotation, chosen.default) == ("settings", kind | None, None), step.__name__
+        assert all(p.default is inspect.Parameter.empty for p in inputs), step.__name__
 
 
 def test_the_quality_spec_is_parsed_once_where_its_settings_are_checked(monkeypatch):

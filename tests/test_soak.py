@@ -13,6 +13,7 @@ import pytest
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote, reject
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository
 from components.serving.triton_admin import TritonAdmin
@@ -78,8 +79,8 @@ def test_six_releases_with_clients_running(tmp_path, stack):
         nonlocal last_promoted
         folder, outcome = _candidate(tmp_path, name, i)
         run_id = f"soak-{i}"
-        version = publish(folder, repository, run_id, s3=stack.s3).version
-        staged = stage(repository, name, version, stack.gate.http_url, s3=stack.s3, run_id=run_id)
+        version = publish(RunContext(repository, "", s3=stack.s3, run_id=run_id), folder=folder).version
+        staged = stage(RunContext(repository, name, version, stack.gate.replica, stack.s3, run_id))
         verdict = gate(repository, name, version, stack.gate.http_url, SOAK_GATE, staged, s3=stack.s3, run_id=run_id)
         assert (verdict.verdict == "pass") == (outcome == "promoted"), (i, verdict.reasons)
         if verdict.verdict == "pass":

@@ -17,10 +17,12 @@ from components.release.gate.gate import gate
 from components.release.promote.promote import promote
 from components.release.publish import publish
 from components.release.results import Trial, TuneResult
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.release.tune.tune import TuneSettings, _on_gpu, grid, knobs, search, tune
 from components.repository import ModelRepository
 from components.serving import perf
+from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from components.settings import RELAXED_STABILITY_PCT
 from tests.models import MLP_SIGNATURE, mlp_folder
@@ -298,14 +300,15 @@ def test_tune_on_the_gate_then_the_gate_reports_it_and_promote_writes_the_chosen
         budget=6,
         min_gain_pct=0,
     )
-    version = publish(folder, repository(stack), s3=stack.s3).version
-    staged = stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
+    version = publish(RunContext(repository(stack), "", s3=stack.s3), folder=folder).version
+    staged = stage(RunContext(repository(stack), name, version, stack.gate.replica, stack.s3))
     repo = ModelRepository(repository(stack), stack.s3)
-    off = tune(repository(stack), name, version, stack.gate.http_url, settings, s3=stack.s3, enabled=False)
+    on_gate = RunContext(repository(stack), name, version, Replica("gate", stack.gate.http_url), stack.s3)  # no metrics
+    off = tune(on_gate, dataclasses.replace(settings, enabled=False))
     assert (off.trials, off.chosen, off.enabled) == ([], off.default, False)  # turned off: the default, unmeasured
     objects_before = _every_key(stack)
 
-    result = tune(repository(stack), name, version, stack.gate.http_url, settings, s3=stack.s3)
+    result = tune(on_gate, settings)
     assert 2 <= len(result.trials) <= 6 + 2 and all(t.measured for t in result.trials), [
         t.problem for t in result.trials
     ]

@@ -13,9 +13,11 @@ from components.model.model_config import ServingSettings
 from components.release.gate import report as gate_report
 from components.release.publish import publish
 from components.release.results import Trial, TuneResult
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.release.tune.tune import TuneSettings, grid, search, tune
 from components.serving import perf
+from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from components.settings import RELAXED_STABILITY_PCT, LoadSettings
 from tests.models import mlp_folder
@@ -97,10 +99,11 @@ def test_tune_at_a_request_rate_measures_every_setting_at_that_rate(stack, tmp_p
     chosen only for a p99 lower by the minimum gain."""
     name = unique("tunerate")
     (tmp_path / "v1").mkdir()
-    version = publish(mlp_folder(tmp_path / "v1", name), repository(stack), s3=stack.s3).version
-    stage(repository(stack), name, version, stack.gate.http_url, s3=stack.s3)
+    version = publish(RunContext(repository(stack), "", s3=stack.s3), folder=mlp_folder(tmp_path / "v1", name)).version
+    stage(RunContext(repository(stack), name, version, stack.gate.replica, stack.s3))
     settings = TuneSettings.from_flat(request_rate=150, window_ms=1000, instance_counts="1,2", budget=3)
-    result = tune(repository(stack), name, version, stack.gate.http_url, settings, s3=stack.s3)
+    on_gate = RunContext(repository(stack), name, version, Replica("gate", stack.gate.http_url), stack.s3)  # no metrics
+    result = tune(on_gate, settings)
     assert result.request_rate == 150 and result.trials
     assert all(t.measured and 140 <= t.throughput <= 160 for t in result.trials), [t.row() for t in result.trials]
     assert result.chosen == result.default or result.gain_pct >= settings.min_gain_pct

@@ -11,17 +11,34 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 from components import log
 from components.errors import TritonshipError
 from components.model import ensemble, model_folder
 from components.model.model_config import AOTI_PLATFORM, to_pbtxt, validate_model_name
+from components.release.run_context import RunContext
 from components.repository import Manifest, ModelRepository, content_digest, sha256_file, utc_now
-from components.s3 import S3Settings
 from components.settings import SERVING_TORCH
+from components.settings_model import StepSettings, setting, step_settings
 
 LOG = log.get("publish")
 RESUME_WINDOW = 20  # how many recent allocations a re-run looks through for its own
+
+
+@step_settings("publish")
+class PublishSettings(StepSettings):
+    """publish's: the serving image's torch, which a torch_aoti package must have been compiled with."""
+
+    serving_torch: Annotated[
+        str,
+        setting(
+            "the serving image's torch; a torch_aoti package compiled with another is refused",
+            envvar="TRITONSHIP_SERVING_TORCH",
+            expect="a torch version such as 2.14.0",
+            pattern=r"^\d+\.\d+(\.\d+)?([+.\w-]*)$",
+        ),
+    ] = SERVING_TORCH
 
 
 @dataclass(frozen=True)
@@ -68,25 +85,32 @@ def default_run_id(digest: str) -> str:
     return os.environ.get("KFP_RUN_ID") or os.environ.get("TRITONSHIP_RUN_ID") or f"manual-{digest[:12]}"
 
 
-def publish(
-    folder_path: Path,
-    repository: str,
-    run_id: str | None = None,
-    s3: S3Settings | None = None,
-    serving_torch: str = SERVING_TORCH,
-) -> PublishResult:
-    """Upload the folder as a new sealed version; `serving_torch` is the serving image's torch, which a
-    torch_aoti package must have been compiled with."""
-    if ensemble.is_bundle(folder_path):
-        return publish_bundle(folder_path, repository, run_id, s3, serving_torch)
-    folder = model_folder.read(folder_path)  # refuses incomplete folders and configs that disagree with the signature
-    check_serving_torch(folder, serving_torch)
-    model = validate_model_name(folder.config.name)
-    files = version_files(folder)
+def _model_of(context: RunContext, model: str) -> str:
+    """The folder's model, which the context may name too (or leave ""); refused where the two differ."""
+    if context.model and context.model != model:
+        raise PublishError(
+            f"the folder holds the model '{model}', not '{context.model}'; publish the folder of '{context.model}', "
+            "or name no model: publish takes it from the folder."
+        )
+    return validate_model_name(model)
+
+
+def publish(context: RunContext, settings: PublishSettings | None = None, *, folder: Path) -> PublishResult:
+    """Upload the model folder (or an ensemble bundle) as a new sealed version in the context's repository; its
+    model is the folder's (the context's model is "" or the same). The context's run id ("": KFP_RUN_ID, else
+    from the content) lets a re-run resume its version. A torch_aoti package must have been compiled with
+    `settings.serving_torch`, the serving image's torch."""
+    settings = settings or PublishSettings()
+    if ensemble.is_bundle(folder):
+        return publish_bundle(context, settings, bundle_path=folder)
+    compiled = model_folder.read(folder)  # refuses incomplete folders and configs that disagree with the signature
+    check_serving_torch(compiled, settings.serving_torch)
+    model = _model_of(context, compiled.config.name)
+    files = version_files(compiled)
     entries = {rel: {"sha256": sha256_file(path), "size": path.stat().st_size} for rel, path in files.items()}
     digest = content_digest(entries)
-    run_id = run_id or default_run_id(digest)
-    repo = ModelRepository(repository, s3)
+    run_id = context.run_id or default_run_id(digest)
+    repo = context.repo()
     repo.check_access()
 
     version, resumed = _resume(repo, model, digest, run_id)
@@ -106,8 +130,8 @@ def publish(
         digest=digest,
         run_id=run_id,
         created=utc_now(),
-        signature=folder.signature.to_dict(),
-        fingerprint=folder.fingerprint(),
+        signature=compiled.signature.to_dict(),
+        fingerprint=compiled.fingerprint(),
     )
     repo.upload_version(files, manifest, staged=True)
     uri = repo.version_uri(model, version, True)
@@ -125,19 +149,15 @@ def _resume(repo: ModelRepository, model: str, digest: str, run_id: str) -> tupl
     return None, False
 
 
-def publish_bundle(
-    bundle_path: Path,
-    repository: str,
-    run_id: str | None = None,
-    s3: S3Settings | None = None,
-    serving_torch: str = SERVING_TORCH,
-) -> PublishResult:
+def publish_bundle(context: RunContext, settings: PublishSettings | None = None, *, bundle_path: Path) -> PublishResult:
     """An ensemble release: every member becomes version N of its own name, then the ensemble (its config
-    pinned to N) seals the release with its manifest, written last."""
+    pinned to N) seals the release with its manifest, written last. The context's model is "" or the ensemble's."""
+    settings = settings or PublishSettings()
     bundle = ensemble.read_bundle(bundle_path)
     for member in bundle.members:
-        check_serving_torch(member, serving_torch)
-    for name in (bundle.name, *(m.config.name for m in bundle.members)):
+        check_serving_torch(member, settings.serving_torch)
+    _model_of(context, bundle.name)
+    for name in (m.config.name for m in bundle.members):
         validate_model_name(name)
     files = {f.config.name: version_files(f) for f in (*bundle.members, bundle.ensemble)}
     entries = {
@@ -145,8 +165,8 @@ def publish_bundle(
         for name, member_files in files.items()
     }
     digest = content_digest({f"{name}/{rel}": e for name, es in entries.items() for rel, e in es.items()})
-    run_id = run_id or default_run_id(digest)
-    repo = ModelRepository(repository, s3)
+    run_id = context.run_id or default_run_id(digest)
+    repo = context.repo()
     repo.check_access()
     version, resumed = _resume(repo, bundle.name, digest, run_id)
     if version is not None and repo.manifest(bundle.name, version, staged=True) is not None:

@@ -20,8 +20,8 @@ from components.model import ensemble, model_config
 from components.model.parity import OutputParity, Tolerance, compare, parity_table
 from components.model.signature import Signature
 from components.release.results import StageResult
-from components.repository import ModelRepository, candidate_name, lease_owner
-from components.s3 import S3Settings
+from components.release.run_context import RunContext
+from components.repository import ModelRepository, candidate_name
 from components.serving.triton_admin import TritonAdmin, TritonError, TritonUnreachable
 from components.settings import DEFAULT_LOAD_TIMEOUT_S
 from components.settings_model import StepSettings, setting, step_settings
@@ -147,24 +147,17 @@ def load_stable(admin: TritonAdmin, repo: ModelRepository, model: str, desired: 
     return time.monotonic() - loading
 
 
-def stage(
-    repository: str,
-    model: str,
-    version: int,
-    gate_url: str,
-    s3: S3Settings | None = None,
-    tolerance: Tolerance | None = None,
-    run_id: str = "",
-    load_timeout: float = DEFAULT_LOAD_TIMEOUT_S,
-) -> StageResult:
-    repo = ModelRepository(repository, s3)
+def stage(context: RunContext, settings: ModelLoadSettings | None = None) -> StageResult:
+    """Load the context's candidate dark on its gate server, under the model's release lease, and compare its
+    answers with the golden outputs; the load may take `settings.load_timeout_s`."""
+    settings = settings or ModelLoadSettings()
+    model, version, run_id = context.model, context.version, context.run_id
+    repo = context.repo()
     candidate = read_candidate(repo, model, version)
-    repo.acquire_lease(model, lease_owner(run_id, model, version))  # one release of a model at a time
-    if tolerance is not None:
-        candidate = CandidateVersion(**{**candidate.__dict__, "tolerance": tolerance})
+    repo.acquire_lease(model, context.lease_owner)  # one release of a model at a time
     name = candidate_name(model)
     load_error, accuracy = "", []
-    with TritonAdmin(gate_url, load_timeout=load_timeout) as gate:
+    with TritonAdmin(context.gate_url, load_timeout=settings.load_timeout_s) as gate:
         gate.ensure_live()  # an unreachable gate is an error of the step, not a verdict on the model
         started = time.monotonic()
         try:

@@ -1,6 +1,6 @@
-"""The model steps' and publish's settings, and the one list of steps: which settings type each command and each
-pipeline task takes (the gate's is components/settings.py's; stage's, tune's, quality's and promote's are beside
-their steps). A settings type per step has named defaults, is validated where it is built, and its fields are the
+"""The model steps' settings, and the one list of steps: which settings type each command and each pipeline task
+takes (the gate's is components/settings.py's; publish's, stage's, tune's, quality's and promote's are beside their
+steps). A settings type per step has named defaults, is validated where it is built, and its fields are the
 step's `tritonship` options and the pipeline's parameters (components/settings_model.py says how).
 
 reject has nothing to set: its input (the verdict) is all it takes."""
@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from pydantic import model_validator
 
 from components.release.promote.settings import PromoteSettings
+from components.release.publish import PublishSettings
 from components.release.quality.spec import QualitySettings
 from components.release.stage import ModelLoadSettings
 from components.release.tune.settings import TuneSettings
@@ -27,7 +28,6 @@ from components.settings import (
     DEFAULT_TENSORRT_OPT_BATCH,
     DEFAULT_TENSORRT_WORKSPACE_GB,
     PIPELINE_DIFFERENCES,
-    SERVING_TORCH,
     TOOLS_IMAGE,
     ExportMethod,
     GateSettings,
@@ -79,21 +79,6 @@ class ExportSettings(StepSettings):
             "before the model is imported: for trials; an image with the package suits scheduled runs",
         ),
     ] = ""
-
-
-@step_settings("publish")
-class PublishSettings(StepSettings):
-    """publish's: the serving image's torch, which a torch_aoti package must have been compiled with."""
-
-    serving_torch: Annotated[
-        str,
-        setting(
-            "the serving image's torch; a torch_aoti package compiled with another is refused",
-            envvar="TRITONSHIP_SERVING_TORCH",
-            expect="a torch version such as 2.14.0",
-            pattern=r"^\d+\.\d+(\.\d+)?([+.\w-]*)$",
-        ),
-    ] = SERVING_TORCH
 
 
 def _tolerance(what: str) -> Any:

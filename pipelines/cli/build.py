@@ -83,11 +83,11 @@ def publish_cmd(
 ) -> None:
     """Publish a compiled model folder (or an ensemble bundle) as a new immutable candidate version (staging)."""
     from components.release.publish import publish
+    from components.release.run_context import RunContext
 
     with console.status("publishing"):
-        result = publish(
-            folder, repository, run_id=run_id, s3=s3_settings(s3_endpoint), serving_torch=chosen.serving_torch
-        )
+        context = RunContext(repository, "", s3=s3_settings(s3_endpoint), run_id=run_id or "")  # the folder's model
+        result = publish(context, chosen, folder=folder)
     verb = "already published as" if result.resumed else "published"
     out_console_line(f"{verb} {result.model} version {result.version} -> {result.uri}")
 

@@ -45,9 +45,12 @@ def calibrate_gate_cmd(
     """Measure an equal candidate's noise on the gate server (the stable version against itself, as the gate measures)
     and record it in S3; say which limits the gate's budget can decide there. The gate then reads it."""
     from components.release.gate.calibration import budgets, calibrate
+    from components.release.run_context import RunContext
+    from components.serving.replicas import resolve
 
     with console.status(f"measuring {rounds} A/A rounds of {model} on the gate server"):
-        found = calibrate(repository, model, one_server(gate), gate_settings, rounds, s3_settings(s3_endpoint))
+        context = RunContext(repository, model, gate=resolve(gate)[0], s3=s3_settings(s3_endpoint))
+        found = calibrate(context, gate_settings, rounds=rounds)
     console.print(
         f"{model} v{found.version} on {found.gate}: {found.rounds} rounds of {found.round_seconds:.1f} s after "
         f"{found.setup_seconds:.1f} s of loading; round-to-round spread (log SD) p99 {found.p99_log_sd:.3f}, "

@@ -71,18 +71,14 @@ def stage_cmd(
 ) -> None:
     """Load the candidate dark on the gate server and check its answers against the golden outputs."""
     from components.model.parity import parity_table
+    from components.release.run_context import RunContext
     from components.release.stage import stage
+    from components.serving.replicas import resolve
 
     with lease_given_back_on_failure(repository, model, version, s3_endpoint) as succeeded:
         with console.status(f"loading {model} v{version} on the gate"):
-            staged = stage(
-                repository,
-                model,
-                version,
-                one_server(gate),
-                s3=s3_settings(s3_endpoint),
-                load_timeout=loading.load_timeout_s,
-            )
+            context = RunContext(repository, model, version, resolve(gate)[0], s3_settings(s3_endpoint))
+            staged = stage(context, loading)
         if staged.load_error:
             raise TritonshipError(f"the gate server could not load the candidate: {staged.load_error}")
         out_console_line(parity_table(staged.accuracy))
@@ -117,13 +113,14 @@ def tune_cmd(
     from rich.table import Table
 
     from components.release.gate import report as gate_report
+    from components.release.run_context import RunContext
     from components.release.tune.tune import tune
+    from components.serving.replicas import Replica
 
     with console.status(f"tuning {model} v{version} on the gate (at most {tune_settings.budget} settings)"):
         url, metrics_url = gate_server(gate, gate_metrics)
-        result = tune(
-            repository, model, version, url, tune_settings, s3=s3_settings(s3_endpoint), metrics_url=metrics_url
-        )
+        context = RunContext(repository, model, version, Replica(url, url, metrics_url), s3_settings(s3_endpoint))
+        result = tune(context, tune_settings)
     out_file.write_text(result.to_json())
     table = Table(*gate_report.TUNING_HEADER)
     for row in gate_report.tuning_rows(json.loads(result.to_json())):

@@ -20,6 +20,7 @@ from rich.table import Table
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote, reject
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository
 from components.serving.triton_admin import TritonAdmin
@@ -46,8 +47,8 @@ def main() -> None:
             with console.status(f"{label}: export, compile, assemble the ensemble"):
                 bundle = recsys.build_bundle(Path(tmp) / label.split()[0], factory, wrong_id_map=broken)
             with console.status(f"{label}: publish, stage, gate"):
-                version = publish(bundle, repository, s3=stack.s3).version
-                staged = stage(repository, "recsys", version, stack.gate.http_url, s3=stack.s3)
+                version = publish(RunContext(repository, "", s3=stack.s3), folder=bundle).version
+                staged = stage(RunContext(repository, "recsys", version, stack.gate.replica, stack.s3))
                 verdict = gate(repository, "recsys", version, stack.gate.http_url, settings, staged, s3=stack.s3)
             if verdict.verdict == "pass":
                 with console.status(f"{label}: promoting to {len(replicas)} replicas"):

@@ -11,6 +11,7 @@ within its budget there, or, where the settings allow, takes the budget the cali
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -24,13 +25,13 @@ from components.model.model_config import ModelConfig
 from components.release import effects
 from components.release.gate_turn import gate_turn
 from components.release.results import GateCalibration
+from components.release.run_context import RunContext
 from components.release.stage import CandidateVersion, load_candidate, load_stable, read_candidate
-from components.repository import ModelRepository, candidate_name, lease_owner
-from components.s3 import S3Settings
+from components.repository import ModelRepository, candidate_name
 from components.serving import perf
 from components.serving.tools import find_perf_analyzer, shared_client_cpus
 from components.serving.triton_admin import TritonAdmin
-from components.settings import DEFAULT_CALIBRATION_ROUNDS, GateSettings
+from components.settings import GateSettings
 
 LOG = log.get("gate")
 MOST_ROUNDS = 400  # budget_for looks no further
@@ -102,18 +103,13 @@ def limits_out_of_reach(calibration: GateCalibration, settings: GateSettings) ->
     return out
 
 
-def calibrate(
-    repository: str,
-    model: str,
-    gate_url: str,
-    settings: GateSettings | None = None,
-    rounds: int = DEFAULT_CALIBRATION_ROUNDS,
-    s3: S3Settings | None = None,
-    run_id: str = "",
-) -> GateCalibration:
-    """Measure the stable version against its own published copy on the gate server, record the noise in S3."""
+def calibrate(context: RunContext, settings: GateSettings | None = None, *, rounds: int) -> GateCalibration:
+    """Measure the stable version against its own published copy on the context's gate server, `rounds` duet
+    rounds, and record the noise in S3. The context's version is not read: the version measured is the stable one.
+    (`tritonship calibrate gate --rounds`, or the pipeline's calibrate_rounds, says how many rounds.)"""
     settings = settings or GateSettings()
-    repo = ModelRepository(repository, s3)
+    model, gate_url = context.model, context.gate_url
+    repo = context.repo()
     desired, _ = repo.desired_config(model)
     if desired is None:
         raise CalibrationError(f"'{model}' has no promoted version to calibrate the gate with; release one first.")
@@ -126,7 +122,7 @@ def calibrate(
             "next release."
         ) from None
     find_perf_analyzer()
-    owner = lease_owner(run_id, model, version)
+    owner = dataclasses.replace(context, version=version).lease_owner  # by hand: the stable version's
     repo.acquire_lease(model, owner)  # the candidate's name on the gate is the model's: no release meanwhile
     try:
         with gate_turn(repo, gate_url, owner), TritonAdmin(gate_url) as admin:

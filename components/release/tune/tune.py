@@ -38,11 +38,10 @@ from components.model import ensemble, model_config
 from components.model.model_config import ServingSettings
 from components.release.gate_turn import gate_turn
 from components.release.results import Trial, TuneResult
+from components.release.run_context import RunContext
 from components.release.stage import CandidateVersion, read_candidate
 from components.release.tune.bench import GateBench
 from components.release.tune.settings import TuneSettings
-from components.repository import ModelRepository, lease_owner
-from components.s3 import S3Settings
 
 LOG = log.get("tune")
 RATE_HELD = 0.97  # at a fixed rate a setting keeps up when it serves 97% of it: perf_analyzer's schedule jitters
@@ -295,28 +294,19 @@ def _tuned(
         bench.close()
 
 
-def tune(
-    repository: str,
-    model: str,
-    version: int,
-    gate_url: str,
-    settings: TuneSettings | None = None,
-    s3: S3Settings | None = None,
-    run_id: str = "",
-    enabled: bool = True,
-    metrics_url: str = "",
-) -> TuneResult:
+def tune(context: RunContext, settings: TuneSettings | None = None) -> TuneResult:
     """The tune step: warm up, search, leave the candidate loaded with the chosen settings, record the table.
     The first run at the load on a freshly started server is slow (on the H200 a p99 of 38 ms against 9-11
     ms in the runs after it, and 14 against 5-6 ms): counted, it would loosen the limit derived from the
     default's runs and count against the default, so one run of the default comes first and is kept apart
     (TuneResult.warm_up).
-    Turned off it returns the default settings. An ensemble's members are all served with the same
-    settings (components/model/ensemble.py, with_serving_settings).
-    With the gate server's `metrics_url`, each trial carries its GPU and CPU utilisation. It measures while it holds
-    the gate server alone (gate_turn), after any other release's measurement there."""
+    Turned off (`settings.enabled`) it returns the default settings. An ensemble's members are all served with the
+    same settings (components/model/ensemble.py, with_serving_settings).
+    With the gate server's metrics endpoint (the context's gate), each trial carries its GPU and CPU utilisation. It
+    measures while it holds the gate server alone (gate_turn), after any other release's measurement there."""
     settings = settings or TuneSettings()
-    repo = ModelRepository(repository, s3)
+    model, version, run_id = context.model, context.version, context.run_id
+    repo = context.repo()
     candidate = read_candidate(repo, model, version)
     default = default_settings(candidate.config, list(candidate.members.values()))
     if _on_gpu(candidate):
@@ -327,12 +317,12 @@ def tune(
         settings = dataclasses.replace(settings, optimized_executions=(default.optimized_execution,))
     size = len(grid(default, settings))
     started = time.monotonic()
-    if not enabled:
+    if not settings.enabled:
         result = TuneResult(model, version, default, default, None, size, enabled=False)
     else:
-        with gate_turn(repo, gate_url, lease_owner(run_id, model, version)) as waited:
+        with gate_turn(repo, context.gate_url, context.lease_owner) as waited:
             started = time.monotonic()
-            result = _tuned(gate_url, candidate, default, settings, size, metrics_url)
+            result = _tuned(context.gate_url, candidate, default, settings, size, context.metrics_url)
             result.gate_wait_s = round(waited, 1)
     result.seconds = time.monotonic() - started
     if result.enabled:  # turned off, there is nothing to record
