@@ -47,6 +47,7 @@ from components.release.promote.promote import promote
 from components.release.publish import publish
 from components.release.quality.quality import quality
 from components.release.quality.spec import QualitySettings
+from components.release.run_context import RunContext
 from components.release.stage import read_candidate, stage
 from components.release.step_settings import (
     CompileSettings,
@@ -291,18 +292,12 @@ def main() -> None:
         t = time.monotonic()
         try:
             promoted = promote(
-                repo_uri,
-                name,
-                version,
-                [s.replica for s in replicas.values()],
-                verdict.verdict,
-                stack.gate.http_url,
-                settings=tuning.chosen,
-                s3=stack.s3,
-                run_id=RUN_ID,
-                load_timeout=load_timeout,
-                canary=PromoteSettings.from_flat(**steps["promote"]).canary,
+                RunContext(repo_uri, name, version, stack.gate.replica, stack.s3, RUN_ID),
+                PromoteSettings.from_dict(steps["promote"]),  # as settings_op hands it to the promote task
+                replicas=[s.replica for s in replicas.values()],
+                verdict=verdict.verdict,
                 quality=verdict.quality.decision if verdict.quality else None,
+                serving=tuning.chosen,
             )
             report["promote"] = json.loads(promoted.to_json())
         except Exception as exc:  # measured all the same, installed by hand, to say why

@@ -35,6 +35,7 @@ from components.release.publish import publish
 from components.release.quality.calibration import calibrate_quality
 from components.release.quality.quality import quality
 from components.release.quality.spec import QualitySpec
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from pipelines.samples import bert4rec
 from pipelines.samples.bert4rec import training
@@ -91,7 +92,7 @@ def _decide(stack: EmbeddedStack, stable: Path, candidate: Path, data: str) -> d
         outcome[name] = {"decision": result.decision, "seconds": result.seconds}
         outcome[name] |= {"effects": [e["text"] for e in result.effects]}
     outcome["hit_rate@10"] = {k: whole["hit_rate@10"][k] for k in ("candidate", "stable", "difference")}
-    reject(repository(stack), MODEL, published.version, "fail", ["measured"], stack.gate.http_url, s3=stack.s3)
+    reject(RunContext(repository(stack), MODEL, published.version, stack.gate.replica, stack.s3), "fail", ["measured"])
     return outcome
 
 
