@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from components.release.promote.promote import promote
-from components.release.promote.settings import CanarySettings
+from components.release.promote.settings import CanarySettings, PromoteSettings
 from components.release.publish import publish
 from components.release.run_context import RunContext
 from components.release.stage import stage
@@ -68,10 +68,9 @@ def decide(stack: EmbeddedStack, folder: Path, run_id: str, settings: CanarySett
     staged = stage(RunContext(repository(stack), MODEL, published.version, stack.gate.replica, stack.s3))
     assert staged.accuracy_passed, staged.load_error
     started = time.monotonic()
-    result = promote(  # promoted, or reverted by the canary
-        repository(stack), MODEL, published.version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3,
-        canary=settings,
-    )  # fmt: skip
+    context = RunContext(repository(stack), MODEL, published.version, stack.gate.replica, stack.s3)
+    chosen = PromoteSettings(canary=settings)
+    result = promote(context, chosen, replicas=replicas(stack), verdict="pass")  # promoted, or reverted by the canary
     canary = result.canary
     return {
         "version": published.version,

@@ -40,7 +40,7 @@ from components.serving.triton_admin import TritonAdmin
 from components.settings import GateSettings
 from pipelines.live_traffic import LiveTraffic
 from pipelines.stack import EmbeddedStack
-from tests.release_helpers import install_stable, replicas, repository
+from tests.release_helpers import NO_CANARY, install_stable, replicas, repository
 
 SLOWER = {"fleet_a": 0, "fleet_b": 0, "fleet_c": 25, "fleet_d": 25}  # percent of the stable's median added
 LIVE_RATE_HZ = 25.0  # per model and replica: four models, two replicas, 200 requests/s in all
@@ -55,14 +55,11 @@ def release(stack: EmbeddedStack, folder: Path, run_id: str) -> dict:
     verdict = gate(
         repository(stack), model, version, stack.gate.http_url, GateSettings(), staged, s3=stack.s3, run_id=run_id
     )
+    context = RunContext(repository(stack), model, version, stack.gate.replica, stack.s3, run_id)
     if verdict.verdict == "pass":
-        promote(
-            repository(stack), model, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id=run_id
-        )
+        promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass")
     else:
-        reject(
-            repository(stack), model, version, verdict.verdict, verdict.reasons, stack.gate.http_url, stack.s3, run_id
-        )
+        reject(context, verdict.verdict, verdict.reasons)
     return {
         "model": model,
         "version": version,

@@ -56,6 +56,7 @@ from components.model import ensemble, model_folder
 from components.model.model_config import ServingSettings, with_settings
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote
+from components.release.promote.settings import PromoteSettings
 from components.release.publish import PublishSettings, publish
 from components.release.results import TuneResult
 from components.release.run_context import RunContext
@@ -313,17 +314,10 @@ def main() -> None:
         print(f"gate: {verdict.verdict}: {'; '.join(verdict.reasons)}", flush=True)
         server = stack.replicas[0]
         if verdict.verdict == "pass":
-            promote(
-                repo_uri,
-                name,
-                version,
-                [Replica(server.name, server.http_url)],
-                "pass",
-                stack.gate.http_url,
-                tuning.chosen,
-                s3=stack.s3,
-                run_id="gpu-bench",
-            )
+            context = RunContext(repo_uri, name, version, stack.gate.replica, stack.s3, "gpu-bench")
+            no_canary = PromoteSettings.from_flat(canary=False)  # one replica: none would stay to compare with
+            targets = [Replica(server.name, server.http_url)]
+            promote(context, no_canary, replicas=targets, verdict="pass", serving=tuning.chosen)
             print("promoted to", server.name, flush=True)
         repo = ModelRepository(repo_uri, stack.s3)
         candidate = read_candidate(repo, name, version)

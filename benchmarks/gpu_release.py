@@ -211,7 +211,7 @@ def main() -> None:
         report["pipeline_parameters"], report["step_settings"] = parameters, steps
         name = f"b4r_{args.size}_aoti"
         t = time.monotonic()
-        chosen_export = ExportSettings.from_flat(**steps["export"])
+        chosen_export = ExportSettings.from_dict(steps["export"])
         (work / "signature.json").write_text(json.dumps(size.signatures()["model"]))
         export(
             f"pipelines.samples.bert4rec:{factory}",
@@ -231,24 +231,23 @@ def main() -> None:
         phase("quality data", t)
         t = time.monotonic()
         publishing = RunContext(repo_uri, "", s3=stack.s3, run_id=RUN_ID)  # the folder's model
-        version = publish(publishing, PublishSettings.from_flat(**steps["publish"]), folder=work / name).version
+        version = publish(publishing, PublishSettings.from_dict(steps["publish"]), folder=work / name).version
         phase("publish", t)
         t = time.monotonic()
         context = RunContext(repo_uri, name, version, stack.gate.replica, stack.s3, RUN_ID)
-        loading = ModelLoadSettings.from_flat(**steps["load"])  # stage's and promote's
-        load_timeout = loading.load_timeout_s
+        loading = ModelLoadSettings.from_dict(steps["load"])  # stage's and promote's
         staged = stage(context, loading)
         report["stage"] = json.loads(staged.to_json())
         phase("stage", t)
         t = time.monotonic()
-        checked = QualitySettings.from_flat(**steps["quality"])
+        checked = QualitySettings.from_dict(steps["quality"])
         judged = quality(
             repo_uri, name, version, stack.gate.http_url, checked.eval_data, checked.spec, s3=stack.s3, run_id=RUN_ID
         )
         report["quality"] = {"decision": judged.decision, "reasons": judged.reasons, "metrics": judged.metrics}
         phase("quality", t)
         t = time.monotonic()
-        tuning_settings = TuneSettings.from_flat(**steps["tune"])
+        tuning_settings = TuneSettings.from_dict(steps["tune"])
         tuning_settings = dataclasses.replace(
             tuning_settings, enabled=tuning_settings.enabled and staged.accuracy_passed
         )
@@ -264,7 +263,7 @@ def main() -> None:
             name,
             version,
             stack.gate.http_url,
-            GateSettings.from_flat(**steps["gate"]),
+            GateSettings.from_dict(steps["gate"]),
             staged,
             work / "gate",
             s3=stack.s3,
@@ -285,18 +284,12 @@ def main() -> None:
         t = time.monotonic()
         try:
             promoted = promote(
-                repo_uri,
-                name,
-                version,
-                [s.replica for s in replicas.values()],
-                verdict.verdict,
-                stack.gate.http_url,
-                settings=tuning.chosen,
-                s3=stack.s3,
-                run_id=RUN_ID,
-                load_timeout=load_timeout,
-                canary=PromoteSettings.from_flat(**steps["promote"]).canary,
+                RunContext(repo_uri, name, version, stack.gate.replica, stack.s3, RUN_ID),
+                PromoteSettings.from_dict(steps["promote"]),  # as settings_op hands it to the promote task
+                replicas=[s.replica for s in replicas.values()],
+                verdict=verdict.verdict,
                 quality=verdict.quality.decision if verdict.quality else None,
+                serving=tuning.chosen,
             )
             report["promote"] = json.loads(promoted.to_json())
         except Exception as exc:  # measured all the same, installed by hand, to say why

@@ -25,6 +25,7 @@ from components.model.compile import compile_model
 from components.model.export import export
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote
+from components.release.promote.settings import PromoteSettings
 from components.release.publish import publish
 from components.release.run_context import RunContext
 from components.release.stage import stage
@@ -62,9 +63,11 @@ def release(stack: EmbeddedStack, tmp: Path, model: str, source: str) -> dict[st
         lambda r: r.measurement_seconds + r.stable_load_seconds,
     )
     replicas = [s.replica for s in stack.replicas]
+    context = RunContext(repo, model, version, stack.gate.replica, stack.s3)
+    no_canary = PromoteSettings.from_flat(canary=False)  # the rollout's cost alone
     timed(
         "promote",
-        lambda: promote(repo, model, version, replicas, verdict.verdict, stack.gate.http_url, s3=stack.s3),
+        lambda: promote(context, no_canary, replicas=replicas, verdict=verdict.verdict),
         lambda r: sum(r.load_seconds),
     )
     return cost

@@ -92,7 +92,7 @@ def _decide(stack: EmbeddedStack, stable: Path, candidate: Path, data: str) -> d
         outcome[name] = {"decision": result.decision, "seconds": result.seconds}
         outcome[name] |= {"effects": [e["text"] for e in result.effects]}
     outcome["hit_rate@10"] = {k: whole["hit_rate@10"][k] for k in ("candidate", "stable", "difference")}
-    reject(repository(stack), MODEL, published.version, "fail", ["measured"], stack.gate.http_url, s3=stack.s3)
+    reject(RunContext(repository(stack), MODEL, published.version, stack.gate.replica, stack.s3), "fail", ["measured"])
     return outcome
 
 

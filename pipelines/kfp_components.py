@@ -280,24 +280,20 @@ def promote_op(
     from components.release.promote.promote import promote
     from components.release.promote.settings import PromoteSettings
     from components.release.results import TuneResult, Verdict
+    from components.release.run_context import RunContext
     from components.s3 import S3Settings
     from components.serving.replicas import resolve
 
-    chosen = PromoteSettings.from_dict(settings)
     decided = Verdict.from_json(verdict_json)
+    server = resolve(decided.gate_url or gate)[0]  # the gate server it staged on, to unload the candidate from
+    context = RunContext(repository, model_name, int(version), server, S3Settings.from_env(s3_endpoint), run_id)
     result = promote(
-        repository,
-        model_name,
-        int(version),
-        resolve(replicas),
-        decided.verdict,
-        decided.gate_url or resolve(gate)[0].url,
-        settings=TuneResult.from_json(tuning_json).chosen,
+        context,
+        PromoteSettings.from_dict(settings),
+        replicas=resolve(replicas),
+        verdict=decided.verdict,
         quality=decided.quality.decision if decided.quality else None,
-        s3=S3Settings.from_env(s3_endpoint),
-        run_id=run_id,
-        load_timeout=chosen.load_timeout_s,
-        canary=chosen.canary,
+        serving=TuneResult.from_json(tuning_json).chosen,
     )  # promoted, or reverted by the canary: an outcome; any other failure raises and fails the task
     for artifact, text in zip((report, report_html), canary_report.pages(result.canary), strict=True):
         Path(artifact.path).write_text(text)  # the CLI's --out report, its plot included
@@ -313,20 +309,14 @@ def reject_op(
     """Leave production untouched, unload the candidate, record why."""
     from components.release.promote.promote import reject
     from components.release.results import Verdict
+    from components.release.run_context import RunContext
     from components.s3 import S3Settings
     from components.serving.replicas import resolve
 
     decided = Verdict.from_json(verdict_json)
-    reject(
-        repository,
-        model_name,
-        int(version),
-        decided.verdict,
-        decided.reasons,
-        decided.gate_url or resolve(gate)[0].url,
-        s3=S3Settings.from_env(s3_endpoint),
-        run_id=run_id,
-    )
+    server = resolve(decided.gate_url or gate)[0]  # the gate server it staged on, to unload the candidate from
+    context = RunContext(repository, model_name, int(version), server, S3Settings.from_env(s3_endpoint), run_id)
+    reject(context, decided.verdict, decided.reasons)
 
 
 @step("tools")
@@ -337,16 +327,17 @@ def finish_release_op(repository: str, model_name: str, gate: str, replicas: str
     from components.release.promote.promote import unload_candidate
     from components.release.promote.reconcile import reconcile
     from components.release.promote.records import PromotionRecord
-    from components.repository import ModelRepository
+    from components.release.run_context import RunContext
     from components.s3 import S3Settings
     from components.serving.replicas import resolve
 
-    s3 = S3Settings.from_env(s3_endpoint)
+    context = RunContext(repository, model_name, s3=S3Settings.from_env(s3_endpoint), run_id=run_id)
     for server in resolve(gate):  # of several gate servers, the one it staged on
-        unload_candidate(server.url, model_name)
-    repo = ModelRepository(repository, s3)
-    killed = PromotionRecord.read(repo, model_name)
-    if killed and killed.run_id == run_id:
-        for state in reconcile(repository, resolve(replicas), [model_name], s3=s3, run_id=run_id):
+        unload_candidate(server.url, context.model)
+    repo = context.repo()
+    killed = PromotionRecord.read(repo, context.model)
+    if killed and killed.run_id == context.run_id:
+        targets = resolve(replicas)
+        for state in reconcile(context.repository, targets, [context.model], s3=context.s3, run_id=context.run_id):
             print(state.replica, state.model, state.action)
-    repo.release_lease(model_name, run_id)
+    repo.release_lease(context.model, context.lease_owner)  # the run id, in a pipeline run

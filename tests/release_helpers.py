@@ -11,6 +11,7 @@ from pathlib import Path
 
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote
+from components.release.promote.settings import PromoteSettings
 from components.release.publish import publish
 from components.release.results import GateResult, StageResult
 from components.release.run_context import RunContext
@@ -29,6 +30,8 @@ ABSOLUTE_GATE = GateSettings(
     load=dataclasses.replace(TEST_GATE.load, window_ms=250),
     thresholds=Thresholds(max_p99_ms=1000, max_p99_regression_pct=None, max_throughput_regression_pct=None),
 )
+# promote as `tritonship promote --no-canary`, for tests whose subject is not the canary (it is on by default)
+NO_CANARY = PromoteSettings.from_flat(canary=False)
 
 
 def loaded_models(stack: EmbeddedStack) -> dict[str, set[str]]:
@@ -108,9 +111,8 @@ def install_stable(stack: EmbeddedStack, folder: Path) -> int:
     published = publish(RunContext(repository(stack), "", s3=stack.s3), folder=folder)
     staged = stage(RunContext(repository(stack), published.model, published.version, stack.gate.replica, stack.s3))
     assert staged.accuracy_passed, staged.load_error
-    promote(
-        repository(stack), published.model, published.version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3
-    )
+    context = RunContext(repository(stack), published.model, published.version, stack.gate.replica, stack.s3)
+    promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass")
     return published.version
 
 
@@ -118,9 +120,8 @@ def release(stack: EmbeddedStack, folder: Path, settings: GateSettings = TEST_GA
     """publish -> stage -> gate -> promote; asserts the verdict is pass."""
     version, _staged, verdict = stage_and_gate(stack, folder, settings)
     assert verdict.verdict == "pass", verdict.reasons
-    promote(
-        repository(stack), verdict.model, version, replicas(stack), verdict.verdict, stack.gate.http_url, s3=stack.s3
-    )
+    context = RunContext(repository(stack), verdict.model, version, stack.gate.replica, stack.s3)
+    promote(context, NO_CANARY, replicas=replicas(stack), verdict=verdict.verdict)
     return version
 
 

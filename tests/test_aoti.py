@@ -34,7 +34,7 @@ from components.serving.triton_admin import AOTI_BACKEND_ENV, TritonAdmin, for_s
 from components.settings import RELAXED_STABILITY_PCT, LoadSettings
 from pipelines.samples import bert4rec
 from tests.models import CNN_SIGNATURE, MODELS, write_signature
-from tests.release_helpers import ABSOLUTE_GATE, replicas, repository, unique, wait_for
+from tests.release_helpers import ABSOLUTE_GATE, NO_CANARY, replicas, repository, unique, wait_for
 
 COMPUTE_PARTS = ("compute_input", "compute_infer", "compute_output")
 SERVED = Tolerance(atol=1e-4, rtol=1e-4, int_mismatch=0.0)
@@ -155,9 +155,8 @@ def test_an_aoti_folder_is_served_like_eager_then_tuned_gated_and_promoted(key, 
         repository(stack), published.model, published.version, stack.gate.http_url, ABSOLUTE_GATE, staged, s3=stack.s3
     )
     assert verdict.verdict == "pass", verdict.reasons
-    promote(
-        repository(stack), published.model, published.version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3
-    )
+    context = RunContext(repository(stack), published.model, published.version, stack.gate.replica, stack.s3)
+    promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass")
     for server in stack.replicas:
         with TritonAdmin(server.http_url) as admin:
             _assert_close(_answers(admin, folder, golden_in), golden_out, f"{server.name} after promote")

@@ -13,7 +13,7 @@ from components.release.promote.canary import effects
 from components.release.promote.promote import promote
 from components.release.promote.promotion import reverted_by_canary
 from components.release.promote.records import Outcome, PromoteResult, Side
-from components.release.promote.settings import CanarySettings
+from components.release.promote.settings import CanarySettings, PromoteSettings
 from components.release.publish import publish
 from components.release.run_context import RunContext
 from components.release.stage import stage
@@ -79,9 +79,8 @@ def _served(stack: EmbeddedStack, name: str) -> list[int]:
 
 def _promote(stack: EmbeddedStack, name: str, version: int, settings: CanarySettings = QUICK, **kwargs):
     targets = kwargs.pop("targets", None) or replicas(stack)
-    return promote(
-        repository(stack), name, version, targets, "pass", stack.gate.http_url, s3=stack.s3, canary=settings, **kwargs
-    )
+    context = RunContext(repository(stack), name, version, stack.gate.replica, stack.s3)
+    return promote(context, PromoteSettings(canary=settings), replicas=targets, verdict="pass", **kwargs)
 
 
 def _reverted(result: PromoteResult) -> str:

@@ -17,7 +17,7 @@ from components.model.model_folder import load_golden
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote, reject
 from components.release.promote.reconcile import reconcile
-from components.release.promote.settings import CanarySettings
+from components.release.promote.settings import CanarySettings, PromoteSettings
 from components.release.publish import publish
 from components.release.run_context import RunContext
 from components.release.stage import stage
@@ -29,7 +29,7 @@ from components.settings import Thresholds
 from pipelines.live_traffic import LiveTraffic
 from pipelines.samples import bert4rec, recsys
 from pipelines.samples.bert4rec import build as bert4rec_build
-from tests.release_helpers import ABSOLUTE_GATE, TEST_GATE, replicas, repository, unique
+from tests.release_helpers import ABSOLUTE_GATE, NO_CANARY, TEST_GATE, replicas, repository, unique
 
 NAME = "recsys"
 MEMBERS = ["recsys_pre", "recsys_model", "recsys_post"]
@@ -87,7 +87,8 @@ def first_release(stack, bundles) -> int:
     """The stable ensemble the tests release over: v1, gated on an absolute limit (no stable yet)."""
     version, staged, verdict = _release(stack, bundles["v1"], ABSOLUTE_GATE, "ens-1")
     assert staged.accuracy_passed and verdict.verdict == "pass", verdict.reasons
-    promote(repository(stack), NAME, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id="ens-1")
+    context = RunContext(repository(stack), NAME, version, stack.gate.replica, stack.s3, "ens-1")
+    promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass")
     return version
 
 
@@ -105,10 +106,8 @@ def test_ensemble_release_is_promoted_as_one_with_zero_failed_requests(stack, bu
         v2, staged, verdict = _release(stack, bundles["v2"], THROUGH_THE_STABLE, "ens-2")
         assert v2 == v1 + 1 and staged.accuracy_passed and verdict.verdict == "pass", verdict.reasons
         assert verdict.stable_version == v1 and verdict.stable.throughput  # measured through the stable ensemble
-        result = promote(
-            repository(stack), NAME, v2, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id="ens-2",
-            canary=QUICK_CANARY,
-        )  # fmt: skip
+        context = RunContext(repository(stack), NAME, v2, stack.gate.replica, stack.s3, "ens-2")
+        result = promote(context, PromoteSettings(canary=QUICK_CANARY), replicas=replicas(stack), verdict="pass")
     assert client.failures == [], client.failures[:3]
     assert set(client.versions) == {v1, v2}
     assert client.mismatches == []  # every answer is exactly one release's, never a mix
@@ -150,16 +149,8 @@ def test_broken_postprocessing_fails_the_accuracy_check_and_production_keeps_its
     assert not staged.accuracy_passed
     assert [r.name for r in staged.accuracy if not r.passed] == ["recommended"]  # scores are right, ids are not
     assert verdict.verdict == "fail" and "accuracy check failed for output(s) recommended" in verdict.reasons[0]
-    reject(
-        repository(stack),
-        NAME,
-        version,
-        verdict.verdict,
-        verdict.reasons,
-        stack.gate.http_url,
-        s3=stack.s3,
-        run_id="ens-broken",
-    )
+    context = RunContext(repository(stack), NAME, version, stack.gate.replica, stack.s3, "ens-broken")
+    reject(context, verdict.verdict, verdict.reasons)
     history, answer = _golden(bundles["v1" if stable == first_release else "v2"])
     for server in stack.replicas:
         admin = TritonAdmin(server.http_url)
@@ -278,17 +269,8 @@ def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, steps, tmp
     )
     assert verdict.verdict == "pass", verdict.reasons
 
-    promote(
-        repo_uri,
-        name,
-        version,
-        replicas(stack)[:1],
-        "pass",
-        stack.gate.http_url,
-        tuning.chosen,
-        s3=stack.s3,
-        run_id="b4r",
-    )
+    context = RunContext(repo_uri, name, version, stack.gate.replica, stack.s3, "b4r")
+    promote(context, NO_CANARY, replicas=replicas(stack)[:1], verdict="pass", serving=tuning.chosen)
     repo = ModelRepository(repo_uri, stack.s3)
     production = TritonAdmin(stack.replicas[0].http_url)
     for member in members:

@@ -32,7 +32,7 @@ from pipelines.processes import pid_alive
 from pipelines.stack import EmbeddedStack
 from tests.fault_helpers import FaultWhilePerfAnalyzerMeasures
 from tests.models import mlp_folder
-from tests.release_helpers import ABSOLUTE_GATE, install_stable, replicas, unique
+from tests.release_helpers import ABSOLUTE_GATE, NO_CANARY, install_stable, replicas, unique
 
 X = {"x": np.ones((1, 16), np.float32)}
 
@@ -159,16 +159,8 @@ def test_s3_lost_half_way_through_a_promotion_fails_no_request_and_reconcile_con
     with LiveTraffic([s.http_url for s in stack.replicas], name, X, ["y"]) as client:
         try:
             with pytest.raises(PartialRevert, match="failed and could not be reverted to v1") as info:
-                promote(
-                    f"s3://{stack.bucket}",
-                    name,
-                    version,
-                    replicas(stack),
-                    "pass",
-                    s3=impatient_s3,
-                    run_id="run-s3-promote",
-                    progress=s3_goes_away,
-                )
+                context = RunContext(f"s3://{stack.bucket}", name, version, s3=impatient_s3, run_id="run-s3-promote")
+                promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass", progress=s3_goes_away)
             assert _served(stack, name) == [2, 1]  # no Triton load was tried without S3
         finally:
             stack.s3_switch.restore()
@@ -197,24 +189,15 @@ def test_s3_lost_at_the_promotion_history_write_is_recorded_by_the_rerun(tmp_pat
     version = _published_and_gated(stack, _mlp(tmp_path, name, "v2", seed=4), "run-s3-history")
     cut_s3_before_put(monkeypatch, stack, lambda key: key.endswith("-promoted.json"))
     with pytest.raises(PromotionError, match="is promoted .* re-run this promote step"):
-        promote(
-            f"s3://{stack.bucket}", name, version, replicas(stack), "pass", s3=impatient_s3, run_id="run-s3-history"
-        )
+        context = RunContext(f"s3://{stack.bucket}", name, version, s3=impatient_s3, run_id="run-s3-history")
+        promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass")
     stack.s3_switch.restore()
     monkeypatch.undo()
     assert _served(stack, name) == [2, 2] and _desired(stack, name) == 2  # consistent, history short of one event
     assert _events(stack, name)[-1] == ("gate", 2)
 
-    again = promote(
-        f"s3://{stack.bucket}",
-        name,
-        version,
-        replicas(stack),
-        "pass",
-        stack.gate.http_url,
-        s3=stack.s3,
-        run_id="run-s3-history",
-    )
+    context = RunContext(f"s3://{stack.bucket}", name, version, stack.gate.replica, stack.s3, "run-s3-history")
+    again = promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass")
     assert again.promoted and again.previous_version == 2  # the desired state already named it
     assert _events(stack, name)[-1] == ("promoted", 2)
     assert [e for e in _events(stack, name) if e[0] == "promoted"] == [("promoted", 1), ("promoted", 2)]
@@ -233,17 +216,8 @@ def test_production_triton_killed_and_restarted_during_promotion(tmp_path, stack
             stack.restart_triton("prod-1", load_models=[name])  # a new pod: loads the desired state from S3
 
     with LiveTraffic([stack.replicas[0].http_url], name, X, ["y"]) as client:
-        result = promote(
-            f"s3://{stack.bucket}",
-            name,
-            version,
-            replicas(stack),
-            "pass",
-            stack.gate.http_url,
-            s3=stack.s3,
-            run_id="run-restart",
-            progress=restart_second_replica,
-        )
+        context = RunContext(f"s3://{stack.bucket}", name, version, stack.gate.replica, stack.s3, "run-restart")
+        result = promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass", progress=restart_second_replica)
     assert result.promoted and client.failures == []
     assert _served(stack, name) == [2, 2] and _desired(stack, name) == 2
     assert TritonAdmin(stack.replicas[1].http_url).ready_versions(name) == [2]
@@ -271,25 +245,16 @@ def test_gate_server_killed_during_the_gate_fails_closed_and_the_rerun_completes
     fault.joined()
     assert not stack.gate.process.alive()  # killed while it served perf_analyzer
     assert verdict.verdict == "fail" and verdict.reasons, verdict.reasons
-    reject(
-        repository,
-        name,
-        version,
-        verdict.verdict,
-        verdict.reasons,
-        stack.gate.http_url,
-        s3=stack.s3,
-        run_id="run-gate-kill",
-    )
+    context = RunContext(repository, name, version, stack.gate.replica, stack.s3, "run-gate-kill")
+    reject(context, verdict.verdict, verdict.reasons)
     assert _served(stack, name) == [1, 1] and _desired(stack, name) == 1
 
     stack.restart_triton("gate")  # the gate pod comes back empty (it never loads models at start)
     stage(RunContext(repository, name, version, stack.gate.replica, stack.s3, "run-gate-rerun"))
     rerun = _gate_again(stack, name, version, "run-gate-rerun")
     assert rerun.verdict == "pass", rerun.reasons
-    promote(
-        repository, name, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id="run-gate-rerun"
-    )
+    context = RunContext(repository, name, version, stack.gate.replica, stack.s3, "run-gate-rerun")
+    promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass")
     assert _served(stack, name) == [2, 2]
     assert [e[0] for e in _events(stack, name)][-7:] == [
         "published",
@@ -326,12 +291,12 @@ def test_perf_analyzer_killed_mid_run_fails_closed_and_the_rerun_completes(tmp_p
     assert verdict.verdict == "fail" and verdict.stopped == "a measurement failed", verdict.reasons
     assert f"perf_analyzer on {candidate} v{version} (round 1) exited -9" in verdict.reasons[0], verdict.reasons
     with pytest.raises(PromotionError, match="verdict is 'fail'"):
-        promote(repository, name, version, replicas(stack), verdict.verdict, s3=stack.s3, run_id="run-perf-kill")
+        context = RunContext(repository, name, version, s3=stack.s3, run_id="run-perf-kill")  # no gate: it stays
+        promote(context, NO_CANARY, replicas=replicas(stack), verdict=verdict.verdict)
     assert _served(stack, name) == [1, 1]
 
     rerun = _gate_again(stack, name, version, "run-perf-kill")  # the candidate is still loaded on the gate
     assert rerun.verdict == "pass", rerun.reasons
-    promote(
-        repository, name, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id="run-perf-kill"
-    )
+    context = RunContext(repository, name, version, stack.gate.replica, stack.s3, "run-perf-kill")
+    promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass")
     assert _served(stack, name) == [2, 2] and _desired(stack, name) == 2

@@ -20,12 +20,21 @@ import pytest
 
 from components.release.promote.cancel import Cancelled, cancellable, raise_pending
 from components.release.promote.promote import PromotionCancelled, promote
+from components.release.run_context import RunContext
 from components.repository import ModelRepository
 from components.serving.triton_admin import TritonAdmin
 from pipelines.live_traffic import LiveTraffic
 from pipelines.stack import EmbeddedStack
 from tests.models import sequence_folder
-from tests.release_helpers import ABSOLUTE_GATE, install_stable, replicas, repository, stage_and_gate, unique
+from tests.release_helpers import (
+    ABSOLUTE_GATE,
+    NO_CANARY,
+    install_stable,
+    replicas,
+    repository,
+    stage_and_gate,
+    unique,
+)
 
 LIVE = {"tokens": np.random.default_rng(3).integers(1, 50, size=(1, 96)).astype(np.int64)}
 
@@ -107,11 +116,9 @@ def test_sigterm_in_each_phase_puts_every_replica_back_on_stable(moment, phase, 
             sent.append(said)
             os.kill(os.getpid(), signal.SIGTERM)
 
+    context = RunContext(repository(stack), name, version, stack.gate.replica, stack.s3)
     with _clients(stack, name) as client, pytest.raises(PromotionCancelled) as info:
-        promote(
-            repository(stack), name, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3,
-            progress=signal_at,
-        )  # fmt: skip
+        promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass", progress=signal_at)
     assert sent and f"stopped by SIGTERM in its {phase} phase" in str(info.value)
     assert info.value.exit_code == 130 and info.value.result.reverted
     event = _assert_back_on_stable(stack, name, client)

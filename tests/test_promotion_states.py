@@ -34,6 +34,7 @@ from components.release.promote.records import (
 )
 from components.release.promote.rollout import PromotionError, Release
 from components.release.promote.settings import CanarySettings
+from components.release.run_context import RunContext
 from components.release.stage import CandidateVersion
 from components.s3 import S3Error
 from components.serving.replicas import Replica
@@ -329,13 +330,14 @@ def test_promote_returns_an_outcome_and_raises_only_for_an_error(monkeypatch, st
 
         def release_lease(self, model: str, owner: str) -> None: ...
 
-    monkeypatch.setattr(promote_step, "ModelRepository", Leased)
+    monkeypatch.setattr(RunContext, "repo", lambda self: Leased())
     plan = classmethod(lambda cls, repo, *_args: Plan(repo, candidate(), REPLICAS, config(STABLE), "etag-m"))
     monkeypatch.setattr(promote_step.Plan, "read", plan)
     monkeypatch.setattr(promote_step, "Fleet", lambda *_args: FakeFleet())
     monkeypatch.setattr(promote_step.Promotion, "run", lambda self: Ending(result, stopped_by, "said"))
     monkeypatch.setattr(promote_step, "unload_candidate", lambda gate, model: unloaded.append(gate))
-    call = functools.partial(promote_step.promote, "s3://bucket/repo", MODEL, VERSION, REPLICAS, "pass", "gate:8000")
+    context = RunContext("s3://bucket/repo", MODEL, VERSION, Replica("gate", "gate:8000"))
+    call = functools.partial(promote_step.promote, context, replicas=REPLICAS, verdict="pass")
     if raised is None:
         assert call() is result and unloaded == (["gate:8000"] if result.promoted else [])
         return

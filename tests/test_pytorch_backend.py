@@ -81,7 +81,7 @@ def test_a_folder_the_backend_refuses_stops_stage_with_its_reason_and_stable_kee
     assert staged.load_error.startswith(f"Triton at {stack.gate.http_url} refused to load {candidate_name(name)}: ")
     verdict = gate(repository(stack), name, version, stack.gate.http_url, TEST_GATE, staged, s3=stack.s3)
     assert verdict.verdict == "fail" and words in verdict.reasons[0]
-    reject(repository(stack), name, version, verdict.verdict, verdict.reasons, stack.gate.http_url, s3=stack.s3)
+    reject(RunContext(repository(stack), name, version, stack.gate.replica, stack.s3), verdict.verdict, verdict.reasons)
     for server in stack.replicas:
         assert TritonAdmin(server.http_url).served_version(name, X, ["y"]) == 1
 
@@ -110,7 +110,7 @@ def test_a_candidate_that_takes_the_gate_server_down_fails_and_production_is_unt
     v2 = publish(RunContext(repository(stack), "", s3=stack.s3), folder=first).version
     staged = stage(RunContext(repository(stack), name, v2, stack.gate.replica, stack.s3))
     assert staged.accuracy_passed, staged.load_error  # the first one to set it loads
-    reject(repository(stack), name, v2, "fail", ["test"], stack.gate.http_url, s3=stack.s3)
+    reject(RunContext(repository(stack), name, v2, stack.gate.replica, stack.s3), "fail", ["test"])
 
     v3 = publish(RunContext(repository(stack), "", s3=stack.s3), folder=second).version
     try:
@@ -119,7 +119,7 @@ def test_a_candidate_that_takes_the_gate_server_down_fails_and_production_is_unt
         assert not stack.gate.process.alive()
         verdict = gate(repository(stack), name, v3, stack.gate.http_url, TEST_GATE, staged, s3=stack.s3)
         assert verdict.verdict == "fail" and "went down" in verdict.reasons[0]
-        reject(repository(stack), name, v3, verdict.verdict, verdict.reasons, stack.gate.http_url, s3=stack.s3)
+        reject(RunContext(repository(stack), name, v3, stack.gate.replica, stack.s3), verdict.verdict, verdict.reasons)
         for server in stack.replicas:
             assert TritonAdmin(server.http_url).served_version(name, X, ["y"]) == 1
     finally:

@@ -33,7 +33,7 @@ from pipelines.demo import TRAINED, trained_checkpoint
 from pipelines.samples import bert4rec
 from pipelines.samples.bert4rec import training
 from pipelines.samples.bert4rec.build import compiled_folder
-from tests.release_helpers import ABSOLUTE_GATE, install_stable, replicas, repository, unique
+from tests.release_helpers import ABSOLUTE_GATE, NO_CANARY, install_stable, replicas, repository, unique
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = 3000
@@ -91,10 +91,9 @@ def test_a_first_release_is_held_to_its_floor_then_equal_retrains_pass_and_a_deg
     # stable serves smaller batches than the candidate's 16, as tuning may choose: each request must fit both
     built = default_settings(model_config.parse_pbtxt((first_folder / "config.pbtxt").read_text()))
     assert built.max_batch_size == 16
-    promote(
-        repository(stack), name, v1, replicas(stack), "pass", stack.gate.http_url,
-        dataclasses.replace(built, max_batch_size=4), s3=stack.s3,
-    )  # fmt: skip
+    smaller = dataclasses.replace(built, max_batch_size=4)
+    context = RunContext(repository(stack), name, v1, stack.gate.replica, stack.s3)
+    promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass", serving=smaller)
     assert ModelRepository(repository(stack), stack.s3).desired_config(name)[0].max_batch_size == 4
 
     v2 = _staged(stack, _folder(tmp_path, name, trained["seed1"], "v2"))  # another seed, same data
@@ -103,15 +102,8 @@ def test_a_first_release_is_held_to_its_floor_then_equal_retrains_pass_and_a_deg
     assert equal.stable_version == v1 and not TritonAdmin(stack.gate.http_url).is_ready(name)  # stable unloaded
     same_from_parquet = _check(stack, name, v2, trained["parquet"])
     assert same_from_parquet.metrics == equal.metrics  # the same rows in either format, the same figures
-    reject(
-        repository(stack),
-        name,
-        v2,
-        "pass",
-        ["only the quality check was the subject"],
-        stack.gate.http_url,
-        s3=stack.s3,
-    )
+    context = RunContext(repository(stack), name, v2, stack.gate.replica, stack.s3)
+    reject(context, "pass", ["only the quality check was the subject"])
 
     v3 = _staged(stack, _folder(tmp_path, name, trained["corrupted"], "v3"))  # as fast, as faithful, worse
     degraded = _check(stack, name, v3, trained["parquet"])
@@ -133,7 +125,8 @@ def test_a_first_release_is_held_to_its_floor_then_equal_retrains_pass_and_a_deg
     assert "## Quality: **FAIL**" in (tmp_path / "gate" / "report.md").read_text()
     assert (tmp_path / "gate" / "quality.png").stat().st_size > 0
     with pytest.raises(PromotionError, match="quality"):
-        promote(repository(stack), name, v3, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, quality="fail")
+        context = RunContext(repository(stack), name, v3, stack.gate.replica, stack.s3)
+        promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass", quality="fail")
     request = training.eval_set(1, seed=5)
     inputs = {k: request[k] for k in ("item_ids", "mask_pos")}
     assert [TritonAdmin(s.http_url).served_version(name, inputs, ["topk_indices"]) for s in stack.replicas] == [v1] * 2

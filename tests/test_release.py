@@ -14,6 +14,7 @@ import pytest
 
 from components.release.gate.gate import gate
 from components.release.promote.promote import PartialRevert, PromotionError, promote, reject
+from components.release.run_context import RunContext
 from components.repository import ModelRepository, candidate_name
 from components.serving.triton_admin import TritonAdmin
 from pipelines.live_traffic import LiveTraffic
@@ -21,6 +22,7 @@ from pipelines.processes import free_port
 from tests.models import mlp_folder
 from tests.release_helpers import (
     ABSOLUTE_GATE,
+    NO_CANARY,
     TEST_GATE,
     install_stable,
     release,
@@ -56,7 +58,8 @@ def test_equal_candidate_passes_is_promoted_with_zero_failed_requests_and_surviv
         version, staged, verdict = stage_and_gate(stack, _folder(tmp_path, name, "v2"), out=tmp_path / "gate")
         assert staged.accuracy_passed and verdict.verdict == "pass", verdict.reasons
         promotion_started = time.monotonic()
-        promote(repository(stack), name, version, replicas(stack), verdict.verdict, stack.gate.http_url, s3=stack.s3)
+        context = RunContext(repository(stack), name, version, stack.gate.replica, stack.s3)
+        promote(context, NO_CANARY, replicas=replicas(stack), verdict=verdict.verdict)
         wait_for(lambda: client.versions[2] >= 20, 30, "20 live requests answered by v2")
     assert client.failures == [], client.failures[:5]
     assert client.total > 100
@@ -85,7 +88,8 @@ def test_slow_candidate_fails_the_gate_is_rejected_and_stable_keeps_serving(tmp_
         assert staged.accuracy_passed
         assert verdict.verdict == "fail", verdict.reasons
         assert any(r.startswith(("p99 +", "throughput -")) and r.endswith(": beyond") for r in verdict.reasons)
-        reject(repository(stack), name, version, verdict.verdict, verdict.reasons, stack.gate.http_url, s3=stack.s3)
+        context = RunContext(repository(stack), name, version, stack.gate.replica, stack.s3)
+        reject(context, verdict.verdict, verdict.reasons)
     assert client.failures == [] and set(client.versions) == {1}
     assert _served(stack, name) == [1, 1]
     repo = ModelRepository(repository(stack), stack.s3)
@@ -105,7 +109,8 @@ def test_candidate_with_wrong_answers_fails_the_accuracy_gate(tmp_path, stack):
     assert verdict.reasons[0].startswith("the accuracy check failed for output(s) y")
     assert len(verdict.candidate) == 0 and verdict.attempts == []  # not even measured
     with pytest.raises(PromotionError, match="verdict is 'fail'"):
-        promote(repository(stack), name, version, replicas(stack), verdict.verdict, s3=stack.s3)
+        context = RunContext(repository(stack), name, version, s3=stack.s3)  # no gate: the candidate stays there
+        promote(context, NO_CANARY, replicas=replicas(stack), verdict=verdict.verdict)
     assert _served(stack, name) == [1, 1]
     TritonAdmin(stack.gate.http_url).unload(candidate_name(name))
 
@@ -139,10 +144,10 @@ def test_a_second_release_of_the_same_model_waits_for_the_first(tmp_path, stack)
     with pytest.raises(LeaseHeld, match="being released by run run-first"):
         stage(RunContext(repository(stack), name, second, stack.gate.replica, stack.s3, "run-second"))
     assert TritonAdmin(stack.gate.http_url).ready_versions(candidate_name(name)) == [first]  # untouched
-    reject(repository(stack), name, first, "fail", ["test"], stack.gate.http_url, s3=stack.s3, run_id="run-first")
+    reject(RunContext(repository(stack), name, first, stack.gate.replica, stack.s3, "run-first"), "fail", ["test"])
     stage(RunContext(repository(stack), name, second, stack.gate.replica, stack.s3, "run-second"))
     assert TritonAdmin(stack.gate.http_url).ready_versions(candidate_name(name)) == [second]
-    reject(repository(stack), name, second, "fail", ["test"], stack.gate.http_url, s3=stack.s3, run_id="run-second")
+    reject(RunContext(repository(stack), name, second, stack.gate.replica, stack.s3, "run-second"), "fail", ["test"])
 
 
 @pytest.mark.slow
@@ -162,13 +167,10 @@ def test_replica_killed_during_promotion_is_reported_as_not_reverted_and_reconci
     try:
         with pytest.raises(PartialRevert, match=f"could not be reverted to v1 .*{dead} did not answer") as info:
             promote(
-                repository(stack),
-                name,
-                version,
-                replicas(stack),
-                "pass",
-                stack.gate.http_url,
-                s3=stack.s3,
+                RunContext(repository(stack), name, version, stack.gate.replica, stack.s3),
+                NO_CANARY,
+                replicas=replicas(stack),
+                verdict="pass",
                 progress=kill_second_replica,
             )
         assert info.value.exit_code == 4 and "did not answer" in str(info.value)

@@ -20,7 +20,7 @@ from components.serving.triton_admin import TritonAdmin
 from components.settings import GateSettings, Thresholds
 from pipelines.live_traffic import LiveTraffic
 from tests.models import mlp_folder
-from tests.release_helpers import replicas, unique
+from tests.release_helpers import NO_CANARY, replicas, unique
 
 RELEASES = 6
 KEEP = 3
@@ -83,20 +83,12 @@ def test_six_releases_with_clients_running(tmp_path, stack):
         staged = stage(RunContext(repository, name, version, stack.gate.replica, stack.s3, run_id))
         verdict = gate(repository, name, version, stack.gate.http_url, SOAK_GATE, staged, s3=stack.s3, run_id=run_id)
         assert (verdict.verdict == "pass") == (outcome == "promoted"), (i, verdict.reasons)
+        context = RunContext(repository, name, version, stack.gate.replica, stack.s3, run_id)
         if verdict.verdict == "pass":
-            promote(repository, name, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id=run_id)
+            promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass")
             last_promoted = version
         else:
-            reject(
-                repository,
-                name,
-                version,
-                verdict.verdict,
-                verdict.reasons,
-                stack.gate.http_url,
-                s3=stack.s3,
-                run_id=run_id,
-            )
+            reject(context, verdict.verdict, verdict.reasons)
         expected_history.extend([("published", version), ("staged", version), ("gate", version), (outcome, version)])
 
     release(0)  # the stable version the client starts on

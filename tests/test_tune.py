@@ -26,7 +26,7 @@ from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from components.settings import RELAXED_STABILITY_PCT
 from tests.models import MLP_SIGNATURE, mlp_folder
-from tests.release_helpers import TEST_GATE, replicas, repository, unique
+from tests.release_helpers import NO_CANARY, TEST_GATE, replicas, repository, unique
 
 DEFAULT = ServingSettings(max_batch_size=32, dynamic_batching=True, max_queue_delay_us=0, instance_count=1)
 # the search's rules on the knobs every model has; the intra-op threads have a test of their own
@@ -356,9 +356,8 @@ def test_tune_on_the_gate_then_the_gate_reports_it_and_promote_writes_the_chosen
         intra_op_threads=2,
         optimized_execution=False,
     )
-    promote(
-        repository(stack), name, version, replicas(stack), "pass", stack.gate.http_url, settings=chosen, s3=stack.s3
-    )
+    context = RunContext(repository(stack), name, version, stack.gate.replica, stack.s3)
+    promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass", serving=chosen)
     desired = repo.desired_config(name)[0]
     assert desired.dynamic_batching.max_queue_delay_microseconds == 1234 and desired.instance_group[0].count == 2
     assert desired.parameters["INTRA_OP_THREAD_COUNT"].string_value == "2"

@@ -210,25 +210,23 @@ def promote_cmd(
     from components.release.promote.promotion import reverted_by_canary
     from components.release.promote.records import Outcome
     from components.release.results import TuneResult, Verdict
+    from components.release.run_context import RunContext
     from components.serving.replicas import resolve
 
     decided = read_result(verdict, "verdict", Verdict)
     targets = resolve(replicas)
     serving = read_result(tuning, "tuning result", TuneResult).chosen if tuning else None
+    server = resolve(gate)[0] if gate else None  # to unload the candidate from
+    context = RunContext(repository, decided.model, decided.version, server, s3_settings(s3_endpoint))
     with console.status(f"promoting {decided.model} v{decided.version} to {len(targets)} replicas") as status:
         result = promote(
-            repository,
-            decided.model,
-            decided.version,
-            targets,
-            decided.verdict,
+            context,
+            chosen,
+            replicas=targets,
+            verdict=decided.verdict,
             quality=decided.quality.decision if decided.quality else None,
-            gate_url=one_server(gate) if gate else None,
-            settings=serving,
-            s3=s3_settings(s3_endpoint),
+            serving=serving,
             progress=lambda what, replica: status.update(f"{what} ({replica.name})"),
-            load_timeout=chosen.load_timeout_s,
-            canary=chosen.canary,
         )
     if result.outcome is Outcome.REVERTED:  # by the canary: its report, and exit 1
         if result.canary:
@@ -253,17 +251,13 @@ def reject_cmd(
     """Unload the candidate from the gate, leave production untouched, record the verdict."""
     from components.release.promote.promote import reject
     from components.release.results import Verdict
+    from components.release.run_context import RunContext
+    from components.serving.replicas import resolve
 
     decided = read_result(verdict, "verdict", Verdict)
-    reject(
-        repository,
-        decided.model,
-        decided.version,
-        decided.verdict,
-        decided.reasons,
-        gate_url=one_server(gate) if gate else None,
-        s3=s3_settings(s3_endpoint),
-    )
+    server = resolve(gate)[0] if gate else None  # to unload the candidate from
+    context = RunContext(repository, decided.model, decided.version, server, s3_settings(s3_endpoint))
+    reject(context, decided.verdict, decided.reasons)
     out_console_line(f"rejected {decided.model} v{decided.version} ({decided.verdict}); production unchanged")
 
 

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote, reject
+from components.release.promote.settings import PromoteSettings
 from components.release.publish import publish
 from components.release.run_context import RunContext
 from components.release.stage import stage
@@ -50,13 +51,12 @@ def main() -> None:
                 version = publish(RunContext(repository, "", s3=stack.s3), folder=bundle).version
                 staged = stage(RunContext(repository, "recsys", version, stack.gate.replica, stack.s3))
                 verdict = gate(repository, "recsys", version, stack.gate.http_url, settings, staged, s3=stack.s3)
+            context = RunContext(repository, "recsys", version, stack.gate.replica, stack.s3)
             if verdict.verdict == "pass":
                 with console.status(f"{label}: promoting to {len(replicas)} replicas"):
-                    promote(repository, "recsys", version, replicas, "pass", stack.gate.http_url, s3=stack.s3)
+                    promote(context, PromoteSettings.from_flat(canary=False), replicas=replicas, verdict="pass")
             else:
-                reject(
-                    repository, "recsys", version, verdict.verdict, verdict.reasons, stack.gate.http_url, s3=stack.s3
-                )
+                reject(context, verdict.verdict, verdict.reasons)
             summary = verdict.candidate.summary()
             rows.append(
                 [

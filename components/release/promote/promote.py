@@ -21,12 +21,12 @@ from components.release.promote.cancel import Cancelled, cancellable, shielded
 from components.release.promote.promotion import Plan, Progress, Promotion, Stop
 from components.release.promote.records import Outcome, PromoteResult
 from components.release.promote.rollout import Fleet, PromotionError
-from components.release.promote.settings import CanarySettings
-from components.repository import ModelRepository, candidate_name, lease_owner
-from components.s3 import S3Error, S3Settings
+from components.release.promote.settings import PromoteSettings
+from components.release.run_context import RunContext
+from components.repository import ModelRepository, candidate_name
+from components.s3 import S3Error
 from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
-from components.settings import DEFAULT_LOAD_TIMEOUT_S
 
 LOG = log.get("promote")
 
@@ -46,32 +46,30 @@ class PartialRevert(PromotionError):
 
 
 def promote(
-    repository: str,
-    model: str,
-    version: int,
+    context: RunContext,
+    settings: PromoteSettings | None = None,
+    *,
     replicas: list[Replica],
     verdict: str,
-    gate_url: str | None = None,
-    settings: model_config.ServingSettings | None = None,
-    s3: S3Settings | None = None,
-    run_id: str = "",
-    progress: Progress | None = None,
-    load_timeout: float = DEFAULT_LOAD_TIMEOUT_S,
-    canary: CanarySettings | None = None,
     quality: str | None = None,
+    serving: model_config.ServingSettings | None = None,
+    progress: Progress | None = None,
 ) -> PromoteResult:
-    """Promote a gated version; `canary` (off when None) measures the first replicas switched on live traffic.
-    `quality`: the verdict's quality decision, when the release was checked on labelled data."""
+    """Promote the context's gated version to `replicas`, the first ones measured as a canary (`settings.canary`,
+    which may be off). `verdict`: the gate's decision; `quality`: the verdict's quality decision, when the release
+    was checked on labelled data; `serving`: the tuned serving settings. Promoted, the candidate leaves the
+    context's gate server, when it names one."""
+    chosen = settings or PromoteSettings()
     if verdict != "pass":
         raise PromotionError(f"the gate verdict is '{verdict}', not 'pass': nothing is promoted.")
     if quality is not None and quality != "pass":
         raise PromotionError(f"the quality check is '{quality}', not 'pass': nothing is promoted.")
     if not replicas:
         raise PromotionError("no production replicas were given; nothing would serve the new version.")
-    repo = ModelRepository(repository, s3)
-    with cancellable(), _leased(repo, model, lease_owner(run_id, model, version)):
-        plan = Plan.read(repo, model, version, replicas, run_id, settings, canary)
-        with Fleet(replicas, load_timeout) as fleet:
+    repo = context.repo()
+    with cancellable(), _leased(repo, context.model, context.lease_owner):
+        plan = Plan.read(repo, context, replicas, serving, chosen.canary)
+        with Fleet(replicas, chosen.load_timeout_s) as fleet:
             ending = Promotion(plan, fleet, progress=progress).run()
     result = ending.result
     if result.outcome is Outcome.PARTIAL:
@@ -80,8 +78,8 @@ def promote(
         raise PromotionCancelled(ending.said, result)
     if ending.stopped_by is Stop.FAILURE:
         raise PromotionError(ending.said, result)
-    if gate_url and result.promoted:
-        unload_candidate(gate_url, model)
+    if context.gate is not None and result.promoted:
+        unload_candidate(context.gate_url, context.model)
     return result
 
 
@@ -113,19 +111,19 @@ def unload_candidate(gate_url: str, model: str) -> bool:
             return False
 
 
-def reject(
-    repository: str,
-    model: str,
-    version: int,
-    verdict: str,
-    reasons: list[str],
-    gate_url: str | None = None,
-    s3: S3Settings | None = None,
-    run_id: str = "",
-) -> None:
-    """Production is left as it is; the candidate leaves the gate; the rejection goes into the history."""
-    repo = ModelRepository(repository, s3)
-    unloaded = unload_candidate(gate_url, model) if gate_url else False
-    repo.record(model, "rejected", version, run_id, verdict=verdict, reasons=reasons, candidate_unloaded=unloaded)
-    repo.release_lease(model, lease_owner(run_id, model, version))
-    log.event(LOG, "rejected", model=model, version=version, verdict=verdict)
+def reject(context: RunContext, verdict: str, reasons: list[str]) -> None:
+    """Production is left as it is; the candidate leaves the context's gate server, when it names one; the
+    rejection goes into the history."""
+    repo, model = context.repo(), context.model
+    unloaded = unload_candidate(context.gate_url, model) if context.gate is not None else False
+    repo.record(
+        model,
+        "rejected",
+        context.version,
+        context.run_id,
+        verdict=verdict,
+        reasons=reasons,
+        candidate_unloaded=unloaded,
+    )
+    repo.release_lease(model, context.lease_owner)
+    log.event(LOG, "rejected", model=model, version=context.version, verdict=verdict)

@@ -43,6 +43,7 @@ from components.release.promote.cancel import Cancelled, raise_pending, shielded
 from components.release.promote.records import CanaryResult, Phase, PromoteResult, PromotionRecord
 from components.release.promote.rollout import Fleet, Release
 from components.release.promote.settings import CanarySettings
+from components.release.run_context import RunContext
 from components.release.stage import CandidateVersion, read_candidate
 from components.repository import ModelRepository
 from components.s3 import S3Error
@@ -111,15 +112,15 @@ class Plan:
     def read(
         cls,
         repo: ModelRepository,
-        model: str,
-        version: int,
+        context: RunContext,
         replicas: list[Replica],
-        run_id: str = "",
         serving: model_config.ServingSettings | None = None,
         canary: CanarySettings | None = None,
     ) -> Plan:
-        previous, etag = repo.desired_config(model)
-        return cls(repo, read_candidate(repo, model, version), replicas, previous, etag, run_id, serving, canary)
+        """The context's candidate and the desired state it replaces, from `repo` (the context's, opened once)."""
+        previous, etag = repo.desired_config(context.model)
+        candidate = read_candidate(repo, context.model, context.version)
+        return cls(repo, candidate, replicas, previous, etag, context.run_id, serving, canary)
 
     @property
     def model(self) -> str:
