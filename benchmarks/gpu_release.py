@@ -222,7 +222,7 @@ def main() -> None:
         )
         phase("export", t)
         t = time.monotonic()
-        compiled = CompileSettings.from_flat(**steps["compile"], int_mismatch=0.25)
+        compiled = CompileSettings.from_dict({**steps["compile"], "int_mismatch": 0.25})
         result = compile_model(work / "export", work / name, name, **compiled.step_arguments())
         report["compile"] = {"seconds": result.seconds, "parity": [dataclasses.asdict(r) for r in result.parity]}
         phase("compile", t)

@@ -28,7 +28,6 @@ from pipelines.cli.common import (
     console,
     friendly_errors,
     gate_server,
-    one_server,
     out,
     out_console_line,
     read_result,
