@@ -86,18 +86,21 @@ def _release_steps(
     leaves the other tasks' inputs, and so KFP's cache of them, as they were."""
     step = {name: settings[f"{name}_settings"] for name in RELEASE_STEPS}
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-    cleanup = _with_secrets(
-        finish_release_op(
-            repository=repository,
-            model_name=model_name,
-            gate=gate,
-            replicas=replicas,
-            s3_endpoint=s3_endpoint,
-            run_id=run_id,
-        ),
-        aws_secret_name,
-        admin_secret_name,
-    )
+    run = {
+        "repository": repository,
+        "model_name": model_name,
+        "gate": gate,
+        "s3_endpoint": s3_endpoint,
+        "run_id": run_id,
+    }
+
+    def task(op: Any, settings_of: str | None = None, **inputs: Any) -> dsl.PipelineTask:
+        """A task of a step that reaches the gate or the replicas: the run's arguments, its step's settings (by
+        settings_op's output name), its own inputs, S3's and the Tritons' secrets."""
+        given = {**run, **inputs, **({"settings": step[settings_of]} if settings_of else {})}
+        return _with_secrets(op(**given), aws_secret_name, admin_secret_name)
+
+    cleanup = task(finish_release_op, replicas=replicas)
     with dsl.ExitHandler(cleanup, name="always-finish-release"):
         published = _with_s3_secret(
             publish_op(
@@ -110,106 +113,24 @@ def _release_steps(
             aws_secret_name,
         )
         version = published.outputs["version"]
-        calibrated = _with_secrets(
-            calibrate_op(
-                repository=repository,
-                model_name=model_name,
-                gate=gate,
-                s3_endpoint=s3_endpoint,
-                run_id=run_id,
-                settings=step["gate"],
-            ),
-            aws_secret_name,
-            admin_secret_name,
-        ).after(published)  # the stable version is measured under the name the candidate takes next
-        staged = _with_secrets(
-            stage_op(
-                repository=repository,
-                model_name=model_name,
-                version=version,
-                gate=gate,
-                s3_endpoint=s3_endpoint,
-                run_id=run_id,
-                settings=step["load"],
-            ),
-            aws_secret_name,
-            admin_secret_name,
-        ).after(calibrated)
-        judged = _with_secrets(
-            quality_op(
-                repository=repository,
-                model_name=model_name,
-                version=version,
-                gate=gate,
-                stage_result=staged.output,
-                s3_endpoint=s3_endpoint,
-                run_id=run_id,
-                settings=step["quality"],
-            ),
-            aws_secret_name,
-            admin_secret_name,
+        # the stable version is measured under the name the candidate takes next
+        calibrated = task(calibrate_op, "gate").after(published)
+        staged = task(stage_op, "load", version=version).after(calibrated)
+        judged = task(quality_op, "quality", version=version, stage_result=staged.output)
+        tuned = task(tune_op, "tune", version=version, stage_result=staged.output).after(judged)  # one at a time
+        gated = task(
+            gate_op,
+            "gate",
+            version=version,
+            stage_result=staged.output,
+            tuning_json=tuned.outputs["Output"],
+            quality_json=judged.outputs["Output"],
         )
-        tuned = _with_secrets(
-            tune_op(
-                repository=repository,
-                model_name=model_name,
-                version=version,
-                gate=gate,
-                stage_result=staged.output,
-                s3_endpoint=s3_endpoint,
-                run_id=run_id,
-                settings=step["tune"],
-            ),
-            aws_secret_name,
-            admin_secret_name,
-        ).after(judged)  # one measurement on the gate server at a time
-        gated = _with_secrets(
-            gate_op(
-                repository=repository,
-                model_name=model_name,
-                version=version,
-                gate=gate,
-                stage_result=staged.output,
-                tuning_json=tuned.outputs["Output"],
-                quality_json=judged.outputs["Output"],
-                s3_endpoint=s3_endpoint,
-                run_id=run_id,
-                settings=step["gate"],
-            ),
-            aws_secret_name,
-            admin_secret_name,
-        )
+        decided = {"version": version, "verdict_json": gated.outputs["verdict_json"]}
         with dsl.If(gated.outputs["verdict"] == "pass", name="verdict-pass"):
-            _with_secrets(
-                promote_op(
-                    repository=repository,
-                    model_name=model_name,
-                    version=version,
-                    replicas=replicas,
-                    gate=gate,
-                    verdict_json=gated.outputs["verdict_json"],
-                    tuning_json=tuned.outputs["Output"],
-                    s3_endpoint=s3_endpoint,
-                    run_id=run_id,
-                    settings=step["promote"],
-                ),
-                aws_secret_name,
-                admin_secret_name,
-            )
+            task(promote_op, "promote", **decided, replicas=replicas, tuning_json=tuned.outputs["Output"])
         with dsl.Else(name="verdict-not-pass"):
-            _with_secrets(
-                reject_op(
-                    repository=repository,
-                    model_name=model_name,
-                    version=version,
-                    gate=gate,
-                    verdict_json=gated.outputs["verdict_json"],
-                    s3_endpoint=s3_endpoint,
-                    run_id=run_id,
-                ),
-                aws_secret_name,
-                admin_secret_name,
-            )
+            task(reject_op, **decided)
 
 
 # KFP reads a pipeline's parameters from its signature: release_steps' settings parameters are made from RELEASE_STEPS
