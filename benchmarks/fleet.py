@@ -33,8 +33,10 @@ from benchmarks.gate_quality import demo_model, model_folder, served_iteration_u
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote, reject
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository
+from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from components.settings import GateSettings
 from pipelines.live_traffic import LiveTraffic
@@ -51,9 +53,8 @@ def release(stack: EmbeddedStack, folder: Path, run_id: str) -> dict:
     published = publish(folder, repository(stack), run_id=run_id, s3=stack.s3)
     model, version = published.model, published.version
     staged = stage(repository(stack), model, version, stack.gate.http_url, s3=stack.s3, run_id=run_id)
-    verdict = gate(
-        repository(stack), model, version, stack.gate.http_url, GateSettings(), staged, s3=stack.s3, run_id=run_id
-    )
+    context = RunContext(repository(stack), model, version, Replica("gate", stack.gate.http_url), stack.s3, run_id)
+    verdict = gate(context, GateSettings(), staged)
     if verdict.verdict == "pass":
         promote(
             repository(stack), model, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id=run_id

@@ -43,9 +43,11 @@ from components.release.gate.calibration import budgets, calibrate
 from components.release.gate.gate import gate
 from components.release.promote.promote import unload_candidate
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository
 from components.serving import perf
+from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from components.settings import GateSettings
 from pipelines.live_traffic import LiveTraffic
@@ -244,9 +246,12 @@ def main() -> None:
                     # one release at a time: stage takes the model's lease, given back after the trials
                     stage(repo_uri, MODEL, candidates[pct], stack.gate.http_url, s3=stack.s3, run_id=f"inject-{pct}")
                     verdicts, seconds, p99_changes, throughput_losses, details = [], [], [], [], []
+                    on_gate = RunContext(
+                        repo_uri, MODEL, candidates[pct], Replica("gate", stack.gate.http_url), stack.s3
+                    )
                     for trial in range(trials):
                         started = time.monotonic()
-                        result = gate(repo_uri, MODEL, candidates[pct], stack.gate.http_url, settings, s3=stack.s3)
+                        result = gate(on_gate, settings)
                         verdicts.append(result.verdict)
                         seconds.append(time.monotonic() - started)
                         if result.p99_regression_pct is not None:

@@ -47,6 +47,7 @@ from components.release.promote.promote import promote
 from components.release.publish import publish
 from components.release.quality.quality import quality
 from components.release.quality.spec import QualitySettings
+from components.release.run_context import RunContext
 from components.release.stage import read_candidate, stage
 from components.release.step_settings import (
     CompileSettings,
@@ -241,9 +242,8 @@ def main() -> None:
         phase("stage", t)
         t = time.monotonic()
         checked = QualitySettings.from_flat(**steps["quality"])
-        judged = quality(
-            repo_uri, name, version, stack.gate.http_url, checked.eval_data, checked.spec, s3=stack.s3, run_id=RUN_ID
-        )
+        on_gate = RunContext(repo_uri, name, version, stack.gate.replica, stack.s3, RUN_ID)
+        judged = quality(on_gate, checked)
         report["quality"] = {"decision": judged.decision, "reasons": judged.reasons, "metrics": judged.metrics}
         phase("quality", t)
         t = time.monotonic()
@@ -265,20 +265,8 @@ def main() -> None:
             print(f"  {trial.row()}", flush=True)
         phase("tune", t)
         t = time.monotonic()
-        verdict = gate(
-            repo_uri,
-            name,
-            version,
-            stack.gate.http_url,
-            GateSettings.from_flat(**steps["gate"]),
-            staged,
-            work / "gate",
-            s3=stack.s3,
-            run_id=RUN_ID,
-            tuning=tuning,
-            metrics_url=stack.gate.metrics_url,
-            quality=judged,
-        )
+        gating = GateSettings.from_flat(**steps["gate"])
+        verdict = gate(on_gate, gating, staged, work / "gate", tuning=tuning, quality=judged)
         report["gate"] = {
             "verdict": verdict.verdict,
             "reasons": verdict.reasons,

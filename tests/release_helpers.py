@@ -13,6 +13,7 @@ from components.release.gate.gate import gate
 from components.release.promote.promote import promote
 from components.release.publish import publish
 from components.release.results import GateResult, StageResult
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
@@ -86,17 +87,8 @@ def stage_and_gate(
 ) -> tuple[int, StageResult, GateResult]:
     published = publish(folder, repository(stack), s3=stack.s3)
     staged = stage(repository(stack), published.model, published.version, stack.gate.http_url, s3=stack.s3)
-    verdict = gate(
-        repository(stack),
-        published.model,
-        published.version,
-        stack.gate.http_url,
-        settings,
-        staged,
-        out,
-        s3=stack.s3,
-        metrics_url=stack.gate.metrics_url,
-    )
+    context = RunContext(repository(stack), published.model, published.version, stack.gate.replica, stack.s3)
+    verdict = gate(context, settings, staged, out)  # with the gate's metrics: its GPU/CPU figures
     return published.version, staged, verdict
 
 

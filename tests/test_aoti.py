@@ -23,11 +23,13 @@ from components.model.parity import Tolerance
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote
 from components.release.publish import PublishError, publish
+from components.release.run_context import RunContext
 from components.release.stage import read_candidate, stage
 from components.release.tune.settings import TuneSettings
 from components.release.tune.tune import tune
 from components.repository import ModelRepository
 from components.serving import perf
+from components.serving.replicas import Replica
 from components.serving.triton_admin import AOTI_BACKEND_ENV, TritonAdmin, for_server
 from components.settings import RELAXED_STABILITY_PCT, LoadSettings
 from pipelines.samples import bert4rec
@@ -142,9 +144,9 @@ def test_an_aoti_folder_is_served_like_eager_then_tuned_gated_and_promoted(key, 
     # a package has no TorchScript executor; its instance count is searched like any model's (design.md s. 5)
     assert {t.settings.optimized_execution for t in tuned.trials} == {True}
     assert len({t.settings.instance_count for t in tuned.trials}) > 1, [t.settings for t in tuned.trials]
-    verdict = gate(
-        repository(stack), published.model, published.version, stack.gate.http_url, ABSOLUTE_GATE, staged, s3=stack.s3
-    )
+    on_gate = Replica("gate", stack.gate.http_url)
+    context = RunContext(repository(stack), published.model, published.version, on_gate, stack.s3)
+    verdict = gate(context, ABSOLUTE_GATE, staged)
     assert verdict.verdict == "pass", verdict.reasons
     promote(
         repository(stack), published.model, published.version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3

@@ -19,9 +19,11 @@ from components.release.promote.promote import promote, reject
 from components.release.promote.reconcile import reconcile
 from components.release.promote.settings import CanarySettings
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.release.tune.tune import TuneSettings, default_settings, tune
 from components.repository import ModelRepository, candidate_name
+from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from components.settings import Thresholds
 from pipelines.live_traffic import LiveTraffic
@@ -59,7 +61,8 @@ def _golden(bundle: Path) -> tuple[np.ndarray, np.ndarray]:
 def _release(stack, bundle: Path, settings, run_id: str):
     version = publish(bundle, repository(stack), run_id, s3=stack.s3).version
     staged = stage(repository(stack), NAME, version, stack.gate.http_url, s3=stack.s3, run_id=run_id)
-    verdict = gate(repository(stack), NAME, version, stack.gate.http_url, settings, staged, s3=stack.s3, run_id=run_id)
+    context = RunContext(repository(stack), NAME, version, Replica("gate", stack.gate.http_url), stack.s3, run_id)
+    verdict = gate(context, settings, staged)
     return version, staged, verdict
 
 
@@ -276,9 +279,8 @@ def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, steps, tmp
         assert served["instance_group"][0]["count"] == instances[member]
         python_step = steps == "python" and not member.endswith("_model")
         assert served["backend"] == ("python" if python_step else "pytorch"), served
-    verdict = gate(
-        repo_uri, name, version, stack.gate.http_url, ABSOLUTE_GATE, staged, s3=stack.s3, run_id="b4r", tuning=tuning
-    )
+    context = RunContext(repo_uri, name, version, Replica("gate", stack.gate.http_url), stack.s3, "b4r")
+    verdict = gate(context, ABSOLUTE_GATE, staged, tuning=tuning)
     assert verdict.verdict == "pass", verdict.reasons
 
     promote(

@@ -71,9 +71,11 @@ def test_a_ranged_length_is_staged_tuned_and_gated_at_its_opt(tmp_path, stack):
     their reports say so."""
     from components.release.gate.gate import gate
     from components.release.publish import publish
+    from components.release.run_context import RunContext
     from components.release.stage import stage
     from components.release.tune.settings import TuneSettings
     from components.release.tune.tune import tune
+    from components.serving.replicas import Replica
     from tests.release_helpers import ABSOLUTE_GATE, repository, unique
 
     name, at_opt = unique("ranged"), {"items": [16], "target_idx": [1]}  # the length at its opt, 16
@@ -84,9 +86,8 @@ def test_a_ranged_length_is_staged_tuned_and_gated_at_its_opt(tmp_path, stack):
     searched = TuneSettings(load=ABSOLUTE_GATE.load, budget=1, instance_counts=(1,), queue_delays_us=(0,))
     tuned = tune(repository(stack), name, version, stack.gate.http_url, searched, s3=stack.s3)
     assert tuned.request_shapes == at_opt
-    verdict = gate(
-        repository(stack), name, version, stack.gate.http_url, ABSOLUTE_GATE, staged, tmp_path / "gate", s3=stack.s3
-    )
+    context = RunContext(repository(stack), name, version, Replica("gate", stack.gate.http_url), stack.s3)
+    verdict = gate(context, ABSOLUTE_GATE, staged, tmp_path / "gate")
     assert verdict.verdict == "pass", verdict.reasons
     assert verdict.settings["request_shapes"] == at_opt
     assert "requests of items [16], target_idx [1]" in (tmp_path / "gate" / "report.md").read_text()

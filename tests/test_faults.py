@@ -22,9 +22,11 @@ from components.release.gate.gate import gate
 from components.release.promote.promote import PartialRevert, PromotionError, promote, reject
 from components.release.promote.reconcile import reconcile
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository, candidate_name
 from components.s3 import S3Error, S3Settings
+from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from pipelines.live_traffic import LiveTraffic
 from pipelines.processes import pid_alive
@@ -89,9 +91,8 @@ def _published_and_gated(stack: EmbeddedStack, folder: Path, run_id: str) -> int
     repository = f"s3://{stack.bucket}"
     version = publish(folder, repository, run_id, s3=stack.s3).version
     staged = stage(repository, folder.name, version, stack.gate.http_url, s3=stack.s3, run_id=run_id)
-    verdict = gate(
-        repository, folder.name, version, stack.gate.http_url, ABSOLUTE_GATE, staged, s3=stack.s3, run_id=run_id
-    )
+    context = RunContext(repository, folder.name, version, Replica("gate", stack.gate.http_url), stack.s3, run_id)
+    verdict = gate(context, ABSOLUTE_GATE, staged)
     assert verdict.verdict == "pass", verdict.reasons
     return version
 
@@ -250,7 +251,8 @@ def test_production_triton_killed_and_restarted_during_promotion(tmp_path, stack
 
 def _gate_again(stack: EmbeddedStack, name: str, version: int, run_id: str):
     repository = f"s3://{stack.bucket}"
-    return gate(repository, name, version, stack.gate.http_url, ABSOLUTE_GATE, s3=stack.s3, run_id=run_id)
+    context = RunContext(repository, name, version, Replica("gate", stack.gate.http_url), stack.s3, run_id)
+    return gate(context, ABSOLUTE_GATE)
 
 
 @pytest.mark.slow

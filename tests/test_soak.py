@@ -13,8 +13,10 @@ import pytest
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote, reject
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository
+from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from components.settings import GateSettings, Thresholds
 from pipelines.live_traffic import LiveTraffic
@@ -80,7 +82,8 @@ def test_six_releases_with_clients_running(tmp_path, stack):
         run_id = f"soak-{i}"
         version = publish(folder, repository, run_id, s3=stack.s3).version
         staged = stage(repository, name, version, stack.gate.http_url, s3=stack.s3, run_id=run_id)
-        verdict = gate(repository, name, version, stack.gate.http_url, SOAK_GATE, staged, s3=stack.s3, run_id=run_id)
+        context = RunContext(repository, name, version, Replica("gate", stack.gate.http_url), stack.s3, run_id)
+        verdict = gate(context, SOAK_GATE, staged)
         assert (verdict.verdict == "pass") == (outcome == "promoted"), (i, verdict.reasons)
         if verdict.verdict == "pass":
             promote(repository, name, version, replicas(stack), "pass", stack.gate.http_url, s3=stack.s3, run_id=run_id)

@@ -17,10 +17,12 @@ from components.release.gate.gate import gate
 from components.release.promote.promote import promote
 from components.release.publish import publish
 from components.release.results import Trial, TuneResult
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.release.tune.tune import TuneSettings, _on_gpu, grid, knobs, search, tune
 from components.repository import ModelRepository
 from components.serving import perf
+from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from components.settings import RELAXED_STABILITY_PCT
 from tests.models import MLP_SIGNATURE, mlp_folder
@@ -328,9 +330,8 @@ def test_tune_on_the_gate_then_the_gate_reports_it_and_promote_writes_the_chosen
     assert tuned_event["event"] == "tuned" and len(tuned_event["trials"]) == len(result.trials)
 
     first = dataclasses.replace(TEST_GATE, thresholds=dataclasses.replace(TEST_GATE.thresholds, max_p99_ms=1000))
-    gate(
-        repository(stack), name, version, stack.gate.http_url, first, staged, tmp_path / "g", s3=stack.s3, tuning=result
-    )
+    context = RunContext(repository(stack), name, version, Replica("gate", stack.gate.http_url), stack.s3)
+    gate(context, first, staged, tmp_path / "g", tuning=result)
     report = (tmp_path / "g" / "report.md").read_text()
     assert f"{result.settings_measured} of {result.grid_size} measured" in report
     rows = [line for line in report.splitlines() if line.startswith(("| 1 |", "| 2 |"))]  # instances first

@@ -20,8 +20,10 @@ from rich.table import Table
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote, reject
 from components.release.publish import publish
+from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository
+from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from components.settings import GateSettings, Thresholds
 from pipelines.samples import recsys
@@ -48,7 +50,8 @@ def main() -> None:
             with console.status(f"{label}: publish, stage, gate"):
                 version = publish(bundle, repository, s3=stack.s3).version
                 staged = stage(repository, "recsys", version, stack.gate.http_url, s3=stack.s3)
-                verdict = gate(repository, "recsys", version, stack.gate.http_url, settings, staged, s3=stack.s3)
+                on_gate = Replica("gate", stack.gate.http_url)
+                verdict = gate(RunContext(repository, "recsys", version, on_gate, stack.s3), settings, staged)
             if verdict.verdict == "pass":
                 with console.status(f"{label}: promoting to {len(replicas)} replicas"):
                     promote(repository, "recsys", version, replicas, "pass", stack.gate.http_url, s3=stack.s3)
