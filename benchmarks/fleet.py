@@ -51,11 +51,9 @@ def release(stack: EmbeddedStack, folder: Path, run_id: str) -> dict:
     started = time.monotonic()
     published = publish(RunContext(repository(stack), "", s3=stack.s3, run_id=run_id), folder=folder)
     model, version = published.model, published.version
-    staged = stage(RunContext(repository(stack), model, version, stack.gate.replica, stack.s3, run_id))
-    verdict = gate(
-        repository(stack), model, version, stack.gate.http_url, GateSettings(), staged, s3=stack.s3, run_id=run_id
-    )
     context = RunContext(repository(stack), model, version, stack.gate.replica, stack.s3, run_id)
+    staged = stage(context)
+    verdict = gate(context, GateSettings(), staged)
     if verdict.verdict == "pass":
         promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass")
     else:

@@ -47,6 +47,7 @@ from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository
 from components.serving import perf
+from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from components.settings import GateSettings
 from pipelines.live_traffic import LiveTraffic
@@ -251,9 +252,12 @@ def main() -> None:
                     # one release at a time: stage takes the model's lease, given back after the trials
                     stage(RunContext(repo_uri, MODEL, candidates[pct], stack.gate.replica, stack.s3, f"inject-{pct}"))
                     verdicts, seconds, p99_changes, throughput_losses, details = [], [], [], [], []
+                    on_gate = RunContext(
+                        repo_uri, MODEL, candidates[pct], Replica("gate", stack.gate.http_url), stack.s3
+                    )
                     for trial in range(trials):
                         started = time.monotonic()
-                        result = gate(repo_uri, MODEL, candidates[pct], stack.gate.http_url, settings, s3=stack.s3)
+                        result = gate(on_gate, settings)
                         verdicts.append(result.verdict)
                         seconds.append(time.monotonic() - started)
                         if result.p99_regression_pct is not None:

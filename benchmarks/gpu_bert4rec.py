@@ -293,18 +293,8 @@ def main() -> None:
                 max_p99_ms=args.gate_p99_ms, max_p99_regression_pct=None, max_throughput_regression_pct=None
             ),
         )
-        verdict = gate(
-            repo_uri,
-            name,
-            version,
-            stack.gate.http_url,
-            gating,
-            staged,
-            s3=stack.s3,
-            run_id="gpu-bench",
-            tuning=tuning,
-            metrics_url=stack.gate.metrics_url,
-        )
+        context = RunContext(repo_uri, name, version, stack.gate.replica, stack.s3, "gpu-bench")
+        verdict = gate(context, gating, staged, tuning=tuning)  # with the gate's metrics: its GPU/CPU figures
         report["gate"] = {
             "verdict": verdict.verdict,
             "reasons": verdict.reasons,

@@ -241,9 +241,7 @@ def main() -> None:
         phase("stage", t)
         t = time.monotonic()
         checked = QualitySettings.from_dict(steps["quality"])
-        judged = quality(
-            repo_uri, name, version, stack.gate.http_url, checked.eval_data, checked.spec, s3=stack.s3, run_id=RUN_ID
-        )
+        judged = quality(context, checked)
         report["quality"] = {"decision": judged.decision, "reasons": judged.reasons, "metrics": judged.metrics}
         phase("quality", t)
         t = time.monotonic()
@@ -258,20 +256,8 @@ def main() -> None:
             print(f"  {trial.row()}", flush=True)
         phase("tune", t)
         t = time.monotonic()
-        verdict = gate(
-            repo_uri,
-            name,
-            version,
-            stack.gate.http_url,
-            GateSettings.from_dict(steps["gate"]),
-            staged,
-            work / "gate",
-            s3=stack.s3,
-            run_id=RUN_ID,
-            tuning=tuning,
-            metrics_url=stack.gate.metrics_url,
-            quality=judged,
-        )
+        gating = GateSettings.from_dict(steps["gate"])
+        verdict = gate(context, gating, staged, work / "gate", tuning=tuning, quality=judged)
         report["gate"] = {
             "verdict": verdict.verdict,
             "reasons": verdict.reasons,

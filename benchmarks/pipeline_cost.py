@@ -29,6 +29,7 @@ from components.release.promote.settings import PromoteSettings
 from components.release.publish import publish
 from components.release.run_context import RunContext
 from components.release.stage import stage
+from components.serving.replicas import Replica
 from components.settings import GateSettings, Thresholds
 from pipelines.demo import demo_parameters
 from pipelines.local import run_local
@@ -57,9 +58,10 @@ def release(stack: EmbeddedStack, tmp: Path, model: str, source: str) -> dict[st
     staged = timed(
         "stage", lambda: stage(RunContext(repo, model, version, stack.gate.replica, stack.s3)), lambda r: r.load_seconds
     )
+    on_gate = RunContext(repo, model, version, Replica("gate", stack.gate.http_url), stack.s3)
     verdict = timed(
         "gate",
-        lambda: gate(repo, model, version, stack.gate.http_url, SETTINGS, staged, s3=stack.s3),
+        lambda: gate(on_gate, SETTINGS, staged),
         lambda r: r.measurement_seconds + r.stable_load_seconds,
     )
     replicas = [s.replica for s in stack.replicas]

@@ -34,9 +34,10 @@ from components.release.promote.promote import reject
 from components.release.publish import publish
 from components.release.quality.calibration import calibrate_quality
 from components.release.quality.quality import quality
-from components.release.quality.spec import QualitySpec
+from components.release.quality.spec import QualitySettings, QualitySpec
 from components.release.run_context import RunContext
 from components.release.stage import stage
+from components.serving.replicas import Replica
 from pipelines.samples import bert4rec
 from pipelines.samples.bert4rec import training
 from pipelines.samples.bert4rec.build import compiled_folder
@@ -86,8 +87,9 @@ def _decide(stack: EmbeddedStack, stable: Path, candidate: Path, data: str) -> d
     staged = stage(RunContext(repository(stack), MODEL, published.version, stack.gate.replica, stack.s3))
     assert staged.accuracy_passed, staged.load_error
     outcome: dict = {}
+    on_gate = RunContext(repository(stack), MODEL, published.version, Replica("gate", stack.gate.http_url), stack.s3)
     for name, spec in SPECS.items():
-        result = quality(repository(stack), MODEL, published.version, stack.gate.http_url, data, spec, s3=stack.s3)
+        result = quality(on_gate, QualitySettings(eval_data=data, quality_spec=spec.to_json()))
         whole = {m["metric"]: m for m in result.metrics if m["slice"] == ""}
         outcome[name] = {"decision": result.decision, "seconds": result.seconds}
         outcome[name] |= {"effects": [e["text"] for e in result.effects]}
@@ -142,10 +144,11 @@ def main() -> None:
                     publish(RunContext(repository(stack), "", s3=stack.s3), folder=f).version
                     for f in calibration_folders
                 ]
+                on_gate = RunContext(repository(stack), MODEL, gate=stack.gate.replica, s3=stack.s3)
+                spec = SPECS["hit_rate_and_ndcg"].to_json()
                 found = calibrate_quality(
-                    repository(stack), MODEL, versions, stack.gate.http_url, data(args.rows), SPECS["hit_rate_and_ndcg"],
-                    s3=stack.s3,
-                )  # fmt: skip
+                    on_gate, QualitySettings(eval_data=data(args.rows), quality_spec=spec), versions
+                )
                 report["calibration"] = found.to_dict() | {"seeds": list(calibration_seeds)}
                 print(f"calibrated: { ({k: v.max_drop_pct for k, v in found.metrics.items()}) }")
             for i in range(args.pairs):

@@ -132,10 +132,12 @@ def quality_op(
     import tempfile
     from pathlib import Path
 
+    from components.release.gate_turn import staged_server
     from components.release.quality import report as quality_report
     from components.release.quality.quality import quality
     from components.release.quality.spec import QualitySettings
     from components.release.results import StageResult
+    from components.release.run_context import RunContext
     from components.s3 import S3Settings
 
     chosen, staged = QualitySettings.from_dict(settings), StageResult.from_json(stage_result)
@@ -143,16 +145,9 @@ def quality_op(
         Path(report.path).write_text("# Quality: not run\n")
         Path(report_html.path).write_text("<p>Quality: not run</p>")
         return ""
-    result = quality(
-        repository,
-        model_name,
-        int(version),
-        staged.gate_url,
-        chosen.eval_data,
-        chosen.spec,
-        s3=S3Settings.from_env(s3_endpoint),
-        run_id=run_id,
-    )
+    server = staged_server(gate, staged)  # the gate server it staged on
+    context = RunContext(repository, model_name, int(version), server, S3Settings.from_env(s3_endpoint), run_id)
+    result = quality(context, chosen)
     with tempfile.TemporaryDirectory() as tmp:
         quality_report.write(result, Path(tmp))
         Path(report.path).write_text((Path(tmp) / "quality.md").read_text())
@@ -223,24 +218,20 @@ def gate_op(
     from components.release.gate.gate import gate as run_gate
     from components.release.gate_turn import staged_server
     from components.release.results import QualityResult, StageResult, TuneResult
+    from components.release.run_context import RunContext
     from components.s3 import S3Settings
     from components.settings import GateSettings
 
     staged = StageResult.from_json(stage_result)
     with tempfile.TemporaryDirectory() as tmp:
-        server = staged_server(gate, staged)
+        server = staged_server(gate, staged)  # with its metrics endpoint where `gate` names it: GPU/CPU figures
+        context = RunContext(repository, model_name, int(version), server, S3Settings.from_env(s3_endpoint), run_id)
         result = run_gate(
-            repository,
-            model_name,
-            int(version),
-            server.url,
+            context,
             GateSettings.from_dict(settings),
             staged,
             Path(tmp),
-            s3=S3Settings.from_env(s3_endpoint),
-            run_id=run_id,
             tuning=TuneResult.from_json(tuning_json),
-            metrics_url=server.metrics_url,
             quality=QualityResult.from_json(quality_json) if quality_json else None,
         )
         Path(report.path).write_text((Path(tmp) / "report.md").read_text())

@@ -89,18 +89,9 @@ def stage_and_gate(
     stack: EmbeddedStack, folder: Path, settings: GateSettings = TEST_GATE, out: Path | None = None
 ) -> tuple[int, StageResult, GateResult]:
     published = publish(RunContext(repository(stack), "", s3=stack.s3), folder=folder)
-    staged = stage(RunContext(repository(stack), published.model, published.version, stack.gate.replica, stack.s3))
-    verdict = gate(
-        repository(stack),
-        published.model,
-        published.version,
-        stack.gate.http_url,
-        settings,
-        staged,
-        out,
-        s3=stack.s3,
-        metrics_url=stack.gate.metrics_url,
-    )
+    context = RunContext(repository(stack), published.model, published.version, stack.gate.replica, stack.s3)
+    staged = stage(context)
+    verdict = gate(context, settings, staged, out)  # with the gate's metrics: its GPU/CPU figures
     return published.version, staged, verdict
 
 

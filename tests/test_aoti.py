@@ -151,9 +151,9 @@ def test_an_aoti_folder_is_served_like_eager_then_tuned_gated_and_promoted(key, 
     # a package has no TorchScript executor; its instance count is searched like any model's (design.md s. 5)
     assert {t.settings.optimized_execution for t in tuned.trials} == {True}
     assert len({t.settings.instance_count for t in tuned.trials}) > 1, [t.settings for t in tuned.trials]
-    verdict = gate(
-        repository(stack), published.model, published.version, stack.gate.http_url, ABSOLUTE_GATE, staged, s3=stack.s3
-    )
+    on_gate = Replica("gate", stack.gate.http_url)
+    context = RunContext(repository(stack), published.model, published.version, on_gate, stack.s3)
+    verdict = gate(context, ABSOLUTE_GATE, staged)
     assert verdict.verdict == "pass", verdict.reasons
     context = RunContext(repository(stack), published.model, published.version, stack.gate.replica, stack.s3)
     promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass")

@@ -60,8 +60,9 @@ def _golden(bundle: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def _release(stack, bundle: Path, settings, run_id: str):
     version = publish(RunContext(repository(stack), "", s3=stack.s3, run_id=run_id), folder=bundle).version
-    staged = stage(RunContext(repository(stack), NAME, version, stack.gate.replica, stack.s3, run_id))
-    verdict = gate(repository(stack), NAME, version, stack.gate.http_url, settings, staged, s3=stack.s3, run_id=run_id)
+    context = RunContext(repository(stack), NAME, version, stack.gate.replica, stack.s3, run_id)
+    staged = stage(context)
+    verdict = gate(context, settings, staged)
     return version, staged, verdict
 
 
@@ -264,9 +265,8 @@ def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, steps, tmp
         assert served["instance_group"][0]["count"] == instances[member]
         python_step = steps == "python" and not member.endswith("_model")
         assert served["backend"] == ("python" if python_step else "pytorch"), served
-    verdict = gate(
-        repo_uri, name, version, stack.gate.http_url, ABSOLUTE_GATE, staged, s3=stack.s3, run_id="b4r", tuning=tuning
-    )
+    context = RunContext(repo_uri, name, version, Replica("gate", stack.gate.http_url), stack.s3, "b4r")
+    verdict = gate(context, ABSOLUTE_GATE, staged, tuning=tuning)
     assert verdict.verdict == "pass", verdict.reasons
 
     context = RunContext(repo_uri, name, version, stack.gate.replica, stack.s3, "b4r")

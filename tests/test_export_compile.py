@@ -86,9 +86,8 @@ def test_a_ranged_length_is_staged_tuned_and_gated_at_its_opt(tmp_path, stack):
     searched = TuneSettings(load=ABSOLUTE_GATE.load, budget=1, instance_counts=(1,), queue_delays_us=(0,))
     tuned = tune(RunContext(repository(stack), name, version, Replica("gate", stack.gate.http_url), stack.s3), searched)
     assert tuned.request_shapes == at_opt
-    verdict = gate(
-        repository(stack), name, version, stack.gate.http_url, ABSOLUTE_GATE, staged, tmp_path / "gate", s3=stack.s3
-    )
+    context = RunContext(repository(stack), name, version, Replica("gate", stack.gate.http_url), stack.s3)
+    verdict = gate(context, ABSOLUTE_GATE, staged, tmp_path / "gate")
     assert verdict.verdict == "pass", verdict.reasons
     assert verdict.settings["request_shapes"] == at_opt
     assert "requests of items [16], target_idx [1]" in (tmp_path / "gate" / "report.md").read_text()

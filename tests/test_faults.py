@@ -26,6 +26,7 @@ from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository, candidate_name
 from components.s3 import S3Error, S3Settings
+from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from pipelines.live_traffic import LiveTraffic
 from pipelines.processes import pid_alive
@@ -89,10 +90,9 @@ def _events(stack: EmbeddedStack, name: str) -> list[tuple[str, int]]:
 def _published_and_gated(stack: EmbeddedStack, folder: Path, run_id: str) -> int:
     repository = f"s3://{stack.bucket}"
     version = publish(RunContext(repository, "", s3=stack.s3, run_id=run_id), folder=folder).version
-    staged = stage(RunContext(repository, folder.name, version, stack.gate.replica, stack.s3, run_id))
-    verdict = gate(
-        repository, folder.name, version, stack.gate.http_url, ABSOLUTE_GATE, staged, s3=stack.s3, run_id=run_id
-    )
+    context = RunContext(repository, folder.name, version, stack.gate.replica, stack.s3, run_id)
+    staged = stage(context)
+    verdict = gate(context, ABSOLUTE_GATE, staged)
     assert verdict.verdict == "pass", verdict.reasons
     return version
 
@@ -225,7 +225,8 @@ def test_production_triton_killed_and_restarted_during_promotion(tmp_path, stack
 
 def _gate_again(stack: EmbeddedStack, name: str, version: int, run_id: str):
     repository = f"s3://{stack.bucket}"
-    return gate(repository, name, version, stack.gate.http_url, ABSOLUTE_GATE, s3=stack.s3, run_id=run_id)
+    context = RunContext(repository, name, version, Replica("gate", stack.gate.http_url), stack.s3, run_id)
+    return gate(context, ABSOLUTE_GATE)
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from components.release.results import GateCalibration
 from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository
+from components.serving.replicas import Replica
 from components.settings import GateSettings
 from pipelines.cli import app
 from pipelines.kfp_components import calibrate_op
@@ -52,13 +53,14 @@ def test_the_gate_says_up_front_when_its_calibration_puts_the_limits_out_of_reac
     name, version = _staged_equal(stack, tmp_path)
     repo = ModelRepository(repository(stack), stack.s3)
     repo.write_calibration(stack.gate.http_url, name, dataclasses.replace(NOISY, model=name).to_dict())
-    verdict = gate(repository(stack), name, version, stack.gate.http_url, GateSettings(), s3=stack.s3)
+    context = RunContext(repository(stack), name, version, Replica("gate", stack.gate.http_url), stack.s3)
+    verdict = gate(context, GateSettings())
     assert verdict.verdict == "inconclusive" and verdict.rounds == 0 and verdict.calibration.p99_log_sd == 0.4
     assert verdict.reasons[0].startswith("the p99 limit (10%) is beyond what the 120 s budget decides on this gate")
     assert "a budget of" in verdict.reasons[0] and len(verdict.reasons) == 2  # throughput's noise is within reach
     # allowed a longer budget, the gate takes what the calibration asks for and measures
     allowed = GateSettings.from_flat(max_calibrated_budget_s=3600, budget_s=120, window_ms=250)  # short rounds: quick
-    taken = gate(repository(stack), name, version, stack.gate.http_url, allowed, s3=stack.s3)
+    taken = gate(context, allowed)
     needed = budgets(taken.calibration, allowed)
     assert taken.rounds >= 5 and taken.settings["budget_s"] == float(np.ceil(max(needed.values())))
 

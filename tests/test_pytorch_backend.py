@@ -19,6 +19,7 @@ from components.release.publish import publish
 from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import candidate_name
+from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from tests.models import MLP, MLP_SIGNATURE, mlp_folder
 from tests.release_helpers import TEST_GATE, install_stable, repository, unique
@@ -79,7 +80,8 @@ def test_a_folder_the_backend_refuses_stops_stage_with_its_reason_and_stable_kee
     assert not staged.accuracy_passed
     assert words in staged.load_error and "\n" not in staged.load_error, staged.load_error
     assert staged.load_error.startswith(f"Triton at {stack.gate.http_url} refused to load {candidate_name(name)}: ")
-    verdict = gate(repository(stack), name, version, stack.gate.http_url, TEST_GATE, staged, s3=stack.s3)
+    context = RunContext(repository(stack), name, version, Replica("gate", stack.gate.http_url), stack.s3)
+    verdict = gate(context, TEST_GATE, staged)
     assert verdict.verdict == "fail" and words in verdict.reasons[0]
     reject(RunContext(repository(stack), name, version, stack.gate.replica, stack.s3), verdict.verdict, verdict.reasons)
     for server in stack.replicas:
@@ -117,7 +119,8 @@ def test_a_candidate_that_takes_the_gate_server_down_fails_and_production_is_unt
         staged = stage(RunContext(repository(stack), name, v3, stack.gate.replica, stack.s3))
         assert not staged.accuracy_passed and "went down while loading the candidate" in staged.load_error
         assert not stack.gate.process.alive()
-        verdict = gate(repository(stack), name, v3, stack.gate.http_url, TEST_GATE, staged, s3=stack.s3)
+        context = RunContext(repository(stack), name, v3, Replica("gate", stack.gate.http_url), stack.s3)
+        verdict = gate(context, TEST_GATE, staged)
         assert verdict.verdict == "fail" and "went down" in verdict.reasons[0]
         reject(RunContext(repository(stack), name, v3, stack.gate.replica, stack.s3), verdict.verdict, verdict.reasons)
         for server in stack.replicas:

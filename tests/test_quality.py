@@ -22,12 +22,13 @@ from components.release.gate.gate import gate
 from components.release.promote.promote import PromotionError, promote, reject
 from components.release.publish import publish
 from components.release.quality.quality import quality
-from components.release.quality.spec import QualitySpec
+from components.release.quality.spec import QualitySettings, QualitySpec
 from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.release.tune.tune import default_settings
 from components.repository import ModelRepository
 from components.s3 import S3Settings
+from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from pipelines.demo import TRAINED, trained_checkpoint
 from pipelines.samples import bert4rec
@@ -69,8 +70,9 @@ def _staged(stack, folder: Path) -> int:
     return published.version
 
 
-def _check(stack, name: str, version: int, data: Path, spec: QualitySpec = SPEC):
-    return quality(repository(stack), name, version, stack.gate.http_url, str(data), spec, s3=stack.s3)
+def _check(stack, name: str, version: int, data: Path | str, spec: QualitySpec = SPEC, s3: S3Settings | None = None):
+    context = RunContext(repository(stack), name, version, Replica("gate", stack.gate.http_url), s3 or stack.s3)
+    return quality(context, QualitySettings(eval_data=str(data), quality_spec=spec.to_json()))
 
 
 @pytest.mark.slow
@@ -109,13 +111,9 @@ def test_a_first_release_is_held_to_its_floor_then_equal_retrains_pass_and_a_deg
     degraded = _check(stack, name, v3, trained["parquet"])
     assert degraded.decision == "fail", degraded.reasons
     verdict = gate(
-        repository(stack),
-        name,
-        v3,
-        stack.gate.http_url,
+        RunContext(repository(stack), name, v3, Replica("gate", stack.gate.http_url), stack.s3),
         ABSOLUTE_GATE,  # its speed is not the subject: as fast, and so passed on a busy machine too
         out_dir=tmp_path / "gate",
-        s3=stack.s3,
         quality=degraded,
     )
     assert verdict.speed_verdict == "pass" and verdict.verdict == "fail", verdict.reasons
@@ -215,9 +213,7 @@ def test_bad_evaluation_data_or_metrics_are_one_sentence_and_leave_stable_servin
     stack.s3.client().upload_file(str(trained["parquet"]), stack.bucket, "eval/eval.parquet")
     for s3, said in ((unreachable, "could not be reached"), (denied, "denied")):
         with pytest.raises(TritonshipError, match=said):
-            quality(
-                repository(stack), name, v2, stack.gate.http_url, f"s3://{stack.bucket}/eval/eval.parquet", SPEC, s3=s3
-            )
+            _check(stack, name, v2, f"s3://{stack.bucket}/eval/eval.parquet", s3=s3)
         _assert_stable_serving(stack, name, v1, v2)
 
     spec_file = tmp_path / "spec.json"

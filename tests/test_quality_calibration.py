@@ -4,6 +4,7 @@ the recorded limit for a metric without one of its own."""
 
 from __future__ import annotations
 
+import dataclasses
 from itertools import combinations
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from components.release.quality.calibration import calibrate_quality
 from components.release.quality.metrics import QualityError
 from components.release.quality.quality import quality
 from components.release.quality.report import markdown_lines
-from components.release.quality.spec import QualitySpec
+from components.release.quality.spec import QualitySettings, QualitySpec
 from components.release.run_context import RunContext
 from components.release.stage import stage
 from components.repository import ModelRepository
@@ -55,11 +56,13 @@ def test_calibration_records_each_retrains_metric_and_the_quality_step_takes_its
     stable = install_stable(stack, mlp_folder(tmp_path / "stable", name, seed=2))
     retrains = [_published(stack, tmp_path, name, seed) for seed in (3, 4, 5, 6)]
 
+    on_gate = RunContext(repository(stack), name, gate=stack.gate.replica, s3=stack.s3)
+    no_limits = QualitySettings(eval_data=str(data), quality_spec=NO_LIMITS.to_json())
     with pytest.raises(QualityError, match="at least 3 retrains"):
-        calibrate_quality(repository(stack), name, retrains[:2], stack.gate.http_url, str(data), NO_LIMITS, stack.s3)
+        calibrate_quality(on_gate, no_limits, retrains[:2])
     assert ModelRepository(repository(stack), stack.s3).quality_calibration(name) is None  # nothing half-written
 
-    found = calibrate_quality(repository(stack), name, retrains, stack.gate.http_url, str(data), NO_LIMITS, stack.s3)
+    found = calibrate_quality(on_gate, no_limits, retrains)
     variation = found.metrics["mae"]
     recorded = ModelRepository(repository(stack), stack.s3).quality_calibration(name)
     assert recorded["metrics"]["mae"]["values"] == variation.values and recorded["versions"] == retrains
@@ -70,14 +73,15 @@ def test_calibration_records_each_retrains_metric_and_the_quality_step_takes_its
 
     # each value is what the quality step itself measures for that version as the candidate
     candidate = retrains[0]
-    assert stage(RunContext(repository(stack), name, candidate, stack.gate.replica, stack.s3)).accuracy_passed
-    judged = quality(repository(stack), name, candidate, stack.gate.http_url, str(data), NO_LIMITS, s3=stack.s3)
+    assert stage(dataclasses.replace(on_gate, version=candidate)).accuracy_passed
+    as_candidate = dataclasses.replace(on_gate, version=candidate)
+    judged = quality(as_candidate, no_limits)
     whole = next(m for m in judged.metrics if m["slice"] == "")
     assert whole["candidate"] == pytest.approx(variation.values[0], rel=1e-5) and judged.stable_version == stable
     limit = max(DEFAULT_QUALITY_MAX_DROP_PCT, variation.max_drop_pct)
     assert [e["limit"] for e in judged.effects] == [pytest.approx(limit / 100)]  # mae: lower is better, a rise
     assert judged.calibration is not None and "retrains of the model differ" in "\n".join(markdown_lines(judged))
-    own = quality(repository(stack), name, candidate, stack.gate.http_url, str(data), OWN_LIMIT, s3=stack.s3)
+    own = quality(as_candidate, QualitySettings(eval_data=str(data), quality_spec=OWN_LIMIT.to_json()))
     assert [e["limit"] for e in own.effects] == [pytest.approx(0.01)] and own.calibration is None
 
 

@@ -16,6 +16,7 @@ from components.release.gate.gate import gate
 from components.release.promote.promote import PartialRevert, PromotionError, promote, reject
 from components.release.run_context import RunContext
 from components.repository import ModelRepository, candidate_name
+from components.serving.replicas import Replica
 from components.serving.triton_admin import TritonAdmin
 from pipelines.live_traffic import LiveTraffic
 from pipelines.processes import free_port
@@ -211,7 +212,9 @@ def test_unreachable_gate_server_makes_the_verdict_fail(tmp_path, stack):
     from components.release.run_context import RunContext
 
     published = publish(RunContext(repository(stack), "", s3=stack.s3), folder=_folder(tmp_path, name, "v1"))
-    verdict = gate(repository(stack), name, published.version, f"127.0.0.1:{free_port()}", TEST_GATE, s3=stack.s3)
+    nowhere = f"127.0.0.1:{free_port()}"
+    context = RunContext(repository(stack), name, published.version, Replica(nowhere, nowhere), stack.s3)
+    verdict = gate(context, TEST_GATE)
     assert verdict.verdict == "fail" and "did not answer" in verdict.reasons[0]
     events = ModelRepository(repository(stack), stack.s3).history(name)
     assert events[-1]["event"] == "gate" and events[-1]["verdict"] == "fail"

@@ -80,10 +80,10 @@ def test_six_releases_with_clients_running(tmp_path, stack):
         folder, outcome = _candidate(tmp_path, name, i)
         run_id = f"soak-{i}"
         version = publish(RunContext(repository, "", s3=stack.s3, run_id=run_id), folder=folder).version
-        staged = stage(RunContext(repository, name, version, stack.gate.replica, stack.s3, run_id))
-        verdict = gate(repository, name, version, stack.gate.http_url, SOAK_GATE, staged, s3=stack.s3, run_id=run_id)
-        assert (verdict.verdict == "pass") == (outcome == "promoted"), (i, verdict.reasons)
         context = RunContext(repository, name, version, stack.gate.replica, stack.s3, run_id)
+        staged = stage(context)
+        verdict = gate(context, SOAK_GATE, staged)
+        assert (verdict.verdict == "pass") == (outcome == "promoted"), (i, verdict.reasons)
         if verdict.verdict == "pass":
             promote(context, NO_CANARY, replicas=replicas(stack), verdict="pass")
             last_promoted = version

@@ -331,9 +331,8 @@ def test_tune_on_the_gate_then_the_gate_reports_it_and_promote_writes_the_chosen
     assert tuned_event["event"] == "tuned" and len(tuned_event["trials"]) == len(result.trials)
 
     first = dataclasses.replace(TEST_GATE, thresholds=dataclasses.replace(TEST_GATE.thresholds, max_p99_ms=1000))
-    gate(
-        repository(stack), name, version, stack.gate.http_url, first, staged, tmp_path / "g", s3=stack.s3, tuning=result
-    )
+    context = RunContext(repository(stack), name, version, Replica("gate", stack.gate.http_url), stack.s3)
+    gate(context, first, staged, tmp_path / "g", tuning=result)
     report = (tmp_path / "g" / "report.md").read_text()
     assert f"{result.settings_measured} of {result.grid_size} measured" in report
     rows = [line for line in report.splitlines() if line.startswith(("| 1 |", "| 2 |"))]  # instances first

@@ -84,6 +84,8 @@ def calibrate_quality_cmd(
     and record it in S3; the quality step then lets a metric without limits of its own drop that much."""
     from components.errors import TritonshipError
     from components.release.quality.calibration import MIN_RETRAINS, calibrate_quality
+    from components.release.run_context import RunContext
+    from components.serving.replicas import Replica
 
     if not chosen.enabled:
         raise TritonshipError("give --eval-data (labelled rows) and --quality-spec (the metrics to calibrate).")
@@ -92,9 +94,9 @@ def calibrate_quality_cmd(
     except ValueError:
         raise TritonshipError(f"--versions takes version numbers separated by commas, not {versions!r}.") from None
     with console.status(f"sending the labelled rows through {len(numbers)} retrains of {model} on the gate server"):
-        found = calibrate_quality(
-            repository, model, numbers, one_server(gate), chosen.eval_data, chosen.spec, s3_settings(s3_endpoint)
-        )
+        url = one_server(gate)
+        context = RunContext(repository, model, gate=Replica(url, url), s3=s3_settings(s3_endpoint))
+        found = calibrate_quality(context, chosen, numbers)
     console.print(
         f"{model}: {len(found.versions)} retrains (v{', v'.join(map(str, found.versions))}) on {found.rows:,} rows",
         highlight=False,

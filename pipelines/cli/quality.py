@@ -43,6 +43,8 @@ def quality_cmd(
     from components.errors import TritonshipError
     from components.release.quality import report as quality_report
     from components.release.quality.quality import quality
+    from components.release.run_context import RunContext
+    from components.serving.replicas import Replica
 
     if not chosen.enabled:
         raise TritonshipError("give --eval-data (labelled rows) and --quality-spec (the metrics and their limits).")
@@ -53,16 +55,9 @@ def quality_cmd(
         ) as bar,
     ):
         task = bar.add_task(f"rows through {model} v{version} and stable", total=None)
-        result = quality(
-            repository,
-            model,
-            version,
-            one_server(gate),
-            chosen.eval_data,
-            chosen.spec,
-            s3=s3_settings(s3_endpoint),
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )
+        url = one_server(gate)
+        context = RunContext(repository, model, version, Replica(url, url), s3_settings(s3_endpoint))
+        result = quality(context, chosen, progress=lambda done, total: bar.update(task, completed=done, total=total))
         bar.stop()
         quality_report.write(result, out)
         out_console_line("\n".join(quality_report.markdown_lines(result)))

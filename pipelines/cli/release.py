@@ -152,6 +152,8 @@ def gate_cmd(
     """Measure candidate against stable with perf_analyzer and decide pass / fail / inconclusive. Exit 0 only on pass."""
     from components.release.gate import gate as gate_step
     from components.release.results import QualityResult, StageResult, TuneResult
+    from components.release.run_context import RunContext
+    from components.serving.replicas import Replica
 
     staged = read_result(stage_result, "stage result", StageResult) if stage_result else None
     tuned = read_result(tuning, "tuning result", TuneResult) if tuning else None
@@ -159,19 +161,8 @@ def gate_cmd(
     with lease_given_back_on_failure(repository, model, version, s3_endpoint) as succeeded:
         with console.status(f"measuring {model} v{version} against stable (at most {gate_settings.budget_s:g} s)"):
             url, metrics_url = gate_server(gate, gate_metrics)
-            result = gate_step.gate(
-                repository,
-                model,
-                version,
-                url,
-                gate_settings,
-                staged,
-                out,
-                s3=s3_settings(s3_endpoint),
-                tuning=tuned,
-                metrics_url=metrics_url,
-                quality=judged,
-            )
+            context = RunContext(repository, model, version, Replica(url, url, metrics_url), s3_settings(s3_endpoint))
+            result = gate_step.gate(context, gate_settings, staged, out, tuning=tuned, quality=judged)
         if (out / "report.md").exists():
             out_console_line((out / "report.md").read_text())
         out_console_line(f"verdict: {result.verdict}")

@@ -49,9 +49,9 @@ def main() -> None:
                 bundle = recsys.build_bundle(Path(tmp) / label.split()[0], factory, wrong_id_map=broken)
             with console.status(f"{label}: publish, stage, gate"):
                 version = publish(RunContext(repository, "", s3=stack.s3), folder=bundle).version
-                staged = stage(RunContext(repository, "recsys", version, stack.gate.replica, stack.s3))
-                verdict = gate(repository, "recsys", version, stack.gate.http_url, settings, staged, s3=stack.s3)
-            context = RunContext(repository, "recsys", version, stack.gate.replica, stack.s3)
+                context = RunContext(repository, "recsys", version, stack.gate.replica, stack.s3)
+                staged = stage(context)
+                verdict = gate(context, settings, staged)
             if verdict.verdict == "pass":
                 with console.status(f"{label}: promoting to {len(replicas)} replicas"):
                     promote(context, PromoteSettings.from_flat(canary=False), replicas=replicas, verdict="pass")

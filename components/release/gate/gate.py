@@ -47,9 +47,9 @@ from components.release.gate import calibration as gate_calibration
 from components.release.gate_turn import GateBusy, gate_turn
 from components.release.quality.quality import fold_into_verdict
 from components.release.results import Attempt, GateCalibration, GateResult, QualityResult, StageResult, TuneResult
+from components.release.run_context import RunContext
 from components.release.stage import load_stable, read_candidate
-from components.repository import ModelRepository, candidate_name, lease_owner
-from components.s3 import S3Settings
+from components.repository import ModelRepository, candidate_name
 from components.serving import perf, server_metrics
 from components.serving.tools import client_cpu_groups, find_perf_analyzer, shared_client_cpus
 from components.serving.triton_admin import TritonAdmin, TritonError
@@ -172,38 +172,33 @@ def _failed(result: GateResult, reason: str) -> GateResult:
 
 
 def gate(
-    repository: str,
-    model: str,
-    version: int,
-    gate_url: str,
+    context: RunContext,
     settings: GateSettings | None = None,
     stage_result: StageResult | None = None,
     out_dir: Path | None = None,
-    s3: S3Settings | None = None,
-    run_id: str = "",
     tuning: TuneResult | None = None,
-    metrics_url: str = "",
     quality: QualityResult | None = None,
 ) -> GateResult:
-    """The gate step. Never raises for a measurement problem: it becomes the verdict.
+    """The gate step, on `context.gate`. Never raises for a measurement problem: it becomes the verdict.
 
     With `tuning`, the candidate is measured as the tune step left it loaded: with the chosen settings.
-    With the gate server's `metrics_url`, its GPU and CPU utilisation while measuring go into the verdict.
+    With the gate server's metrics endpoint, its GPU and CPU utilisation while measuring go into the verdict.
     With `quality` (the quality step's result), the verdict is both's: pass only when both pass."""
     settings = settings or GateSettings()
-    repo = ModelRepository(repository, s3)
+    model, version, gate_url = context.model, context.version, context.gate_url
+    repo = context.repo()
     desired, _ = repo.desired_config(model)
     stable_version = desired.version_policy.specific.versions[0] if desired else None
     result = GateResult(model, version, "inconclusive", [], stable_version, settings=_settings_dict(settings))
     result.gate_url = gate_url
     result.tuning = json.loads(tuning.to_json()) if tuning is not None else None
     try:
-        with gate_turn(repo, gate_url, lease_owner(run_id, model, version)) as waited:
+        with gate_turn(repo, gate_url, context.lease_owner) as waited:
             result.gate_wait_s = round(waited, 1)
             started = time.monotonic()  # the budget covers the whole decision, loading the stable version included
             settings = _calibrated(result, settings, repo, gate_url, desired is not None)
             if result.stopped != CALIBRATION_STOP:
-                _measure(repo, result, settings, stage_result, desired, gate_url, metrics_url, started)
+                _measure(repo, result, settings, stage_result, desired, gate_url, context.metrics_url, started)
     except GateBusy as exc:  # nothing was measured: no decision, and nothing promoted
         result.verdict, result.reasons, result.stopped = "inconclusive", [str(exc)], "the gate server stayed busy"
     except TritonshipError as exc:
@@ -224,7 +219,7 @@ def gate(
         model,
         "gate",
         version,
-        run_id,
+        context.run_id,
         verdict=result.verdict,
         reasons=result.reasons,
         stable_version=stable_version,

@@ -22,46 +22,37 @@ from components.release.gate_turn import gate_turn
 from components.release.quality import metrics as quality_metrics
 from components.release.quality.metrics import Metric, QualityError
 from components.release.quality.quality import check, measure
-from components.release.quality.spec import QualitySpec
+from components.release.quality.spec import QualitySettings
 from components.release.results import MetricVariation, QualityCalibration
+from components.release.run_context import RunContext
 from components.release.stage import load_candidate, read_candidate
-from components.repository import ModelRepository, candidate_name, lease_owner
-from components.s3 import S3Settings
+from components.repository import candidate_name, lease_owner
 from components.serving.triton_admin import TritonAdmin
-from components.settings import DEFAULT_CONFIDENCE, DEFAULT_QUALITY_CHUNK_ROWS
+from components.settings import DEFAULT_CONFIDENCE
 
 LOG = log.get("quality")
 MIN_RETRAINS = 3
 FALSE_FAIL = 0.01  # per metric: the share of equally good retrains a calibrated limit may fail
 
 
-def calibrate_quality(
-    repository: str,
-    model: str,
-    versions: list[int],
-    gate_url: str,
-    eval_data: str,
-    spec: QualitySpec,
-    s3: S3Settings | None = None,
-    run_id: str = "",
-    confidence: float = DEFAULT_CONFIDENCE,
-    chunk_rows: int = DEFAULT_QUALITY_CHUNK_ROWS,
-) -> QualityCalibration:
-    """Measure every metric of `spec` on each published retrain in `versions`, record the variation in S3."""
+def calibrate_quality(context: RunContext, settings: QualitySettings, versions: list[int]) -> QualityCalibration:
+    """Measure every metric of `settings.spec` on `settings.eval_data` on each published retrain in `versions`, on
+    `context.gate`; record the variation in S3."""
+    model, gate_url, spec = context.model, context.gate_url, settings.spec
     versions = list(dict.fromkeys(versions))
     if len(versions) < MIN_RETRAINS:
         raise QualityError(
             f"quality calibration needs at least {MIN_RETRAINS} retrains of '{model}' (other seeds, published); "
             f"{len(versions)} given."
         )
-    repo = ModelRepository(repository, s3)
+    repo = context.repo()
     candidates = [read_candidate(repo, model, v) for v in versions]
     spec.check_against(candidates[0].signature)
     metrics = [quality_metrics.build(m, {s.name: s for s in candidates[0].signature.outputs}) for m in spec.metrics]
     values: list[list[np.ndarray]] = []
-    owner = lease_owner(run_id, model, versions[0])
-    with open_eval_data(eval_data, s3) as data:
-        check(data, candidates[0], spec, chunk_rows)
+    owner = lease_owner(context.run_id, model, versions[0])  # a manual run's lease names the first retrain
+    with open_eval_data(settings.eval_data, context.s3) as data:
+        check(data, candidates[0], spec)
         repo.acquire_lease(model, owner)  # the retrains load under the candidate's name: no release meanwhile
         try:
             with gate_turn(repo, gate_url, owner) as _, TritonAdmin(gate_url) as admin:
@@ -70,22 +61,17 @@ def calibrate_quality(
                     try:
                         target = [(candidate_name(model), str(candidate.version))]
                         rows, _ = measure(
-                            admin.url,
-                            data,
-                            candidate,
-                            spec,
-                            metrics,
-                            target,
-                            chunk_rows,
-                            candidate.config.max_batch_size,
+                            admin.url, data, candidate, spec, metrics, target, candidate.config.max_batch_size
                         )
                         values.append(rows[0])
                     finally:
                         admin.unload_with_members(candidate_name(model))
         finally:
             repo.release_lease(model, owner)
-        found = QualityCalibration(model, versions, eval_data, data.rows)
-    found.metrics = {m.spec.label_text: variation(m, [v[i] for v in values], confidence) for i, m in enumerate(metrics)}
+        found = QualityCalibration(model, versions, settings.eval_data, data.rows)
+    found.metrics = {
+        m.spec.label_text: variation(m, [v[i] for v in values], DEFAULT_CONFIDENCE) for i, m in enumerate(metrics)
+    }
     found.uri = repo.write_quality_calibration(model, {k: v for k, v in found.to_dict().items() if k != "uri"})
     log.event(LOG, "calibrated", model=model, **{k: v.max_drop_pct for k, v in found.metrics.items()})
     return found

@@ -38,11 +38,11 @@ from components.release.effects import Effect, judge
 from components.release.gate_turn import gate_turn
 from components.release.quality import metrics as quality_metrics
 from components.release.quality.metrics import Estimate, Metric, QualityError
-from components.release.quality.spec import MetricSpec, QualitySpec, spec_outputs
+from components.release.quality.spec import MetricSpec, QualitySettings, QualitySpec, spec_outputs
 from components.release.results import QualityCalibration, QualityResult
+from components.release.run_context import RunContext
 from components.release.stage import CandidateVersion, load_stable, read_candidate
-from components.repository import ModelRepository, candidate_name, lease_owner
-from components.s3 import S3Settings
+from components.repository import candidate_name
 from components.serving.triton_admin import TritonAdmin, TritonError
 from components.settings import (
     DEFAULT_CONFIDENCE,
@@ -55,28 +55,20 @@ LOG = log.get("quality")
 Progress = Callable[[int, int], None]  # rows measured, rows in all
 
 
-def quality(
-    repository: str,
-    model: str,
-    version: int,
-    gate_url: str,
-    eval_data: str,
-    spec: QualitySpec,
-    s3: S3Settings | None = None,
-    run_id: str = "",
-    confidence: float = DEFAULT_CONFIDENCE,
-    chunk_rows: int = DEFAULT_QUALITY_CHUNK_ROWS,
-    progress: Progress | None = None,
-) -> QualityResult:
-    """The quality step; raises a TritonshipError for bad input (data, spec, metric) or an unreachable gate."""
+def quality(context: RunContext, settings: QualitySettings, progress: Progress | None = None) -> QualityResult:
+    """The quality step on `context.gate`: `settings.eval_data` judged by `settings.spec`. Raises a TritonshipError
+    for bad input (data, spec, metric) or an unreachable gate."""
     started = time.monotonic()
-    repo = ModelRepository(repository, s3)
+    model, version, gate_url = context.model, context.version, context.gate_url
+    spec, eval_data = settings.spec, settings.eval_data
+    repo = context.repo()
     candidate = read_candidate(repo, model, version)
     desired, _ = repo.desired_config(model)
     stable_version = desired.version_policy.specific.versions[0] if desired else None
     spec.check_against(candidate.signature)
     outputs = {s.name: s for s in candidate.signature.outputs}
     metrics = [quality_metrics.build(m, outputs) for m in spec.metrics]
+    confidence = DEFAULT_CONFIDENCE  # the gate's
     result = QualityResult(
         model, version, stable_version, "inconclusive", [], eval_data, confidence=confidence, spec=spec.model_dump()
     )
@@ -84,10 +76,10 @@ def quality(
     calibrated = calibrated_limits(spec, record)
     if calibrated:
         result.calibration = QualityCalibration.from_json(json.dumps(record))
-    with open_eval_data(eval_data, s3) as data:
-        check(data, candidate, spec, chunk_rows)
+    with open_eval_data(eval_data, context.s3) as data:
+        check(data, candidate, spec)
         result.rows = data.rows
-        turn = gate_turn(repo, gate_url, lease_owner(run_id, model, version), progress=progress)
+        turn = gate_turn(repo, gate_url, context.lease_owner, progress=progress)
         with turn as waited, TritonAdmin(gate_url) as admin:
             result.gate_wait_s = round(waited, 1)
             admin.ensure_live()
@@ -106,9 +98,7 @@ def quality(
                 targets = [(name, str(version))] + ([(model, str(stable_version))] if desired is not None else [])
                 # each request fits both versions: stable may serve a smaller max_batch_size (tuned or built so)
                 largest = min(c.max_batch_size for c in (candidate.config, desired) if c is not None)
-                rows, slices = measure(
-                    admin.url, data, candidate, spec, metrics, targets, chunk_rows, largest, progress
-                )
+                rows, slices = measure(admin.url, data, candidate, spec, metrics, targets, largest, progress)
             finally:
                 if desired is not None:
                     admin.unload_with_members(model)
@@ -118,7 +108,7 @@ def quality(
         model,
         "quality",
         version,
-        run_id,
+        context.run_id,
         decision=result.decision,
         reasons=result.reasons,
         stable_version=stable_version,
@@ -130,13 +120,13 @@ def quality(
     return result
 
 
-def check(data: EvalData, candidate: CandidateVersion, spec: QualitySpec, chunk_rows: int) -> None:
+def check(data: EvalData, candidate: CandidateVersion, spec: QualitySpec) -> None:
     """The whole set against the signature and the metrics' labels (a pass over every chunk), before measuring."""
     signature = candidate.signature
     data.check_columns(signature, spec.label_columns, spec.slice)
     outputs = {s.name: s for s in signature.outputs}
     columns = [s.name for s in signature.inputs] + spec.label_columns
-    for chunk in data.chunks(chunk_rows, columns):
+    for chunk in data.chunks(DEFAULT_QUALITY_CHUNK_ROWS, columns):
         for _ in batches(chunk, signature, candidate.config.max_batch_size):
             pass
         for metric in spec.metrics:
@@ -153,7 +143,6 @@ def measure(
     spec: QualitySpec,
     metrics: list[Metric],
     targets: list[tuple[str, str]],
-    chunk_rows: int,
     max_batch_size: int,
     progress: Progress | None = None,
 ) -> tuple[list[list[np.ndarray]], np.ndarray | None]:
@@ -177,7 +166,7 @@ def measure(
         ThreadPoolExecutor(max_workers=DEFAULT_QUALITY_REQUESTS_IN_FLIGHT * len(targets)) as pool,
     ):
         closing.callback(lambda: [client.close() for client in clients])
-        for chunk in data.chunks(chunk_rows, columns):
+        for chunk in data.chunks(DEFAULT_QUALITY_CHUNK_ROWS, columns):
             requests = list(batches(chunk, candidate.signature, max_batch_size))
             answers = [[pool.submit(infer, t, b.inputs) for b in requests] for t in targets]
             for t, futures in enumerate(answers):
