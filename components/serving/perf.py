@@ -290,7 +290,8 @@ class Target:
 
 def merged(runs: list[PerfRun]) -> PerfRun:
     """One model's run from the perf_analyzer processes that shared its rate: their throughputs added, the
-    percentiles of all their requests together, exit 0 only if every process exited 0."""
+    percentiles of all their requests together, the span all of them measured, exit 0 only if every process
+    exited 0."""
     if len(runs) == 1:
         return runs[0]
     first = runs[0]
@@ -301,10 +302,14 @@ def merged(runs: list[PerfRun]) -> PerfRun:
             first.model, first.version, broken.exit_code or 1, [], broken.csv_text, broken.stderr_tail, seconds
         )
     order = np.argsort(np.concatenate([r.requests.start_ns for r in runs]), kind="stable")
+    # the seconds every process measured, where each sent its share (the gate counts requests over a span)
+    span = (max(r.requests.span_ns[0] for r in runs), min(r.requests.span_ns[1] for r in runs))
+    if span[1] <= span[0]:
+        span = (min(r.requests.span_ns[0] for r in runs), max(r.requests.span_ns[1] for r in runs))
     requests = Requests(
         np.concatenate([r.requests.start_ns for r in runs])[order],
         np.concatenate([r.requests.latency_us for r in runs])[order],
-        (min(r.requests.span_ns[0] for r in runs), max(r.requests.span_ns[1] for r in runs)),
+        span,
     )
     points = [r.points[0] for r in runs]
     throughput = sum(p.throughput for p in points)
