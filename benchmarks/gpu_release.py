@@ -116,7 +116,7 @@ def clients_point(server, name: str, data: Path, protocol: str, clients: int, ra
     with TritonAdmin(server.http_url) as admin:
         before = admin.statistics()
         with gpu_sampler(server.metrics_url) as gpu, cores_busy(server.process.pid) as cores:
-            runs = perf.measure_together(url, [perf.Target(name)] * clients, data, load, timeout=120)
+            runs = perf.measure_together(url, [perf.Target(name)] * clients, data, load, timeout=60)
         after = admin.statistics()
     done = [r for r in runs if r.ok]
     latencies = np.concatenate([r.latencies_us for r in done]) if done else np.empty(0)
@@ -370,7 +370,7 @@ def alone(args, stack, repo, name, plain, data, chosen: ServingSettings, report:
                         max_threads=CLIENT_THREADS,
                         stability_pct=RELAXED_STABILITY_PCT,
                     )
-                    perf.measure(server.http_url, name, data, warm)  # the new instances' first batches, unrecorded
+                    perf.measure(server.http_url, name, data, warm, timeout=60)  # first batches, unrecorded
                 except Exception:
                     report["alone"].append({"server": label, "variant": text, "error": traceback.format_exc()[-600:]})
                     continue
