@@ -8,13 +8,15 @@ eval_data and quality_spec; every other parameter at the pipeline's default), an
 pipeline task calls, in the pipeline's order: export (the sample's `users_v1`, 50,000 items, length 200), compile
 (with the CLI's `--int-mismatch 0.25`: fp16 swaps near-tied neighbours of random weights' top 10, bert4rec.py), publish,
 stage (dark on the gate), quality, tune (at the gate's load, within its p99 limit: TuneSettings.at_gate), gate and
-promote, to two production replicas on the same GPU: the stack's `prod-0` (Triton's p99 latency summary on, as the
-chart's production pods) and `nosummaries` (`latencySummaries: false`). The model's weights are random, so the
-quality data's label is the fp32 eager model's first recommendation: the check is that the served package still
-recommends it (hit rate@10 over a floor of 0.3).
+promote, to two production replicas on the same GPU, neither pinned to CPUs: `summaries` (Triton's p99 latency
+summary on, as the chart's production pods) and `nosummaries` (`latencySummaries: false`). The model's weights are
+random, so the quality data's label is the fp32 eager model's first recommendation: the check is that the served
+package still recommends it (hit rate@10 over a floor of 0.3).
 
-Then production: each replica in turn, with perf_analyzer over HTTP at each `--rates` (benchmarks/served_points.py's
-sweep: throughput, p50, p99, GPU use, busy cores, Triton's queue and execution). With `--alone`, the model alone toward
+Tune, the gate and production are loaded as components/serving/perf.py loads a fixed rate: over HTTP by several
+synchronous perf_analyzer processes once one process's threads cannot carry it, over gRPC asynchronously.
+Then production: each replica in turn, with perf_analyzer over each `--protocols` at each `--rates`
+(benchmarks/served_points.py's sweep: throughput, p50, p99, GPU use, busy cores, Triton's queue and execution). With `--alone`, the model alone toward
 `--alone-rates` on the replica without summaries: each serving variant (`I:D`: I instances, a queue delay of D µs;
 `tuned`: as promoted) under each load (`PROTOCOL:CLIENTS`: that many perf_analyzer processes sharing the rate), with
 `--http-threads N` also on one more server with Triton's `--http-thread-count=N`. The JSON is rewritten after every
@@ -65,7 +67,7 @@ from components.serving import admin_key, perf
 from components.serving.triton_admin import TritonAdmin
 from components.settings import RELAXED_STABILITY_PCT, GateSettings
 from pipelines.samples import bert4rec
-from pipelines.stack import EmbeddedStack
+from pipelines.stack import LATENCY_SUMMARIES, EmbeddedStack
 
 HERE = Path(__file__).parent
 RUN_ID = "gpu-release"
@@ -104,16 +106,18 @@ def clients_point(server, name: str, data: Path, protocol: str, clients: int, ra
     all their requests, the GPU's use, the cores each party kept busy and Triton's queue and execution."""
     load = perf.LoadSettings(
         request_rate=rate / clients,
-        max_threads=CLIENT_THREADS,
         window_ms=1000,
         stability_pct=RELAXED_STABILITY_PCT,
         protocol=protocol,
+        clients=1,
+        async_requests=protocol == "grpc",
     )
+    load = dataclasses.replace(load, max_threads=None if perf.asynchronous(load) else CLIENT_THREADS)
     url = server.grpc_url if protocol == "grpc" else server.http_url
     with TritonAdmin(server.http_url) as admin:
         before = admin.statistics()
         with gpu_sampler(server.metrics_url) as gpu, cores_busy(server.process.pid) as cores:
-            runs = perf.measure_together(url, [perf.Target(name)] * clients, data, load, timeout=120)
+            runs = perf.measure_together(url, [perf.Target(name)] * clients, data, load, timeout=60)
         after = admin.statistics()
     done = [r for r in runs if r.ok]
     latencies = np.concatenate([r.latencies_us for r in done]) if done else np.empty(0)
@@ -123,6 +127,7 @@ def clients_point(server, name: str, data: Path, protocol: str, clients: int, ra
         "request_rate": rate,
         "ok": len(done) == clients,
         "reasons": [r.reason for r in runs if not r.ok],
+        "asynchronous": perf.asynchronous(load),
         "throughput": round(sum(r.points[0].throughput for r in done), 1),
         "p50_ms": float(np.percentile(latencies, 50)) / 1000 if latencies.size else None,
         "p99_ms": float(np.percentile(latencies, 99)) / 1000 if latencies.size else None,
@@ -162,6 +167,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50_000, help="the gate's request_rate (tune's load)")
     parser.add_argument("--p99-ms", type=float, default=4.0, help="the gate's max_p99_ms (tune's limit)")
     parser.add_argument("--rates", type=float, nargs="+", default=[20_000, 50_000, 60_000], help="production's load")
+    parser.add_argument("--protocols", nargs="+", default=["http"], help="production's clients (grpc: asynchronous)")
     parser.add_argument("--eval-rows", type=int, default=2000)
     parser.add_argument("--parameters", default="{}", help="more pipeline parameters, JSON (e.g. tune_budget)")
     parser.add_argument("--alone", nargs="*", default=[], help="serving variants, I:D or tuned, e.g. tuned 4:300")
@@ -191,11 +197,14 @@ def main() -> None:
         print(f"== {label}: {report['seconds'][label]} s", flush=True)
         save()
 
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=1, gate=True, locked_apis=LOCKED) as stack:
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=0, gate=True, locked_apis=LOCKED) as stack:
         work, repo_uri = Path(tmp), f"s3://{stack.bucket}"
         repo = ModelRepository(repo_uri, stack.s3)
+        # Both replicas unpinned, as a pod with a GPU gets cores of its own: the stack's prod-N replicas run on
+        # one CPU each (a 2-core machine's setting), which held the chart's replica near 20,000/s in the last run.
+        summaries = stack.add_triton("summaries", [PRODUCTION], LATENCY_SUMMARIES)
         plain = stack.add_triton("nosummaries", [PRODUCTION], ())
-        replicas = {"prod-0 (p99 summary)": stack.replicas[0], "nosummaries": plain}
+        replicas = {"summaries (the chart's p99 summary)": summaries, "nosummaries": plain}
         parameters = {
             "compile_target": "aoti",
             "precision": args.precision,
@@ -264,6 +273,12 @@ def main() -> None:
             "rounds": verdict.rounds,
             "candidate": verdict.candidate.summary(),
             "server": verdict.server,
+            "stopped": verdict.stopped,
+            "measurement_seconds": round(verdict.measurement_seconds, 1),
+            "attempts": [
+                {"round": a.round, "ok": a.ok, "seconds": a.seconds, "requests": a.requests, "reason": a.reason}
+                for a in verdict.attempts
+            ],
         }
         print(f"gate: {verdict.verdict}: {'; '.join(verdict.reasons)}", flush=True)
         phase("gate", t)
@@ -294,7 +309,7 @@ def main() -> None:
         report["production"] = {}
         for label, server in replicas.items():
             t = time.monotonic()
-            points = sweep(server, name, data, ["http"], args.rates, [1])
+            points = sweep(server, name, data, args.protocols, args.rates, [1])
             report["production"][label] = {"points": points, "best_within_p99": best_within(points, args.p99_ms)}
             phase(f"production {label}", t)
         alone(args, stack, repo, name, plain, data, tuning.chosen, report, phase)
@@ -328,7 +343,7 @@ def alone(args, stack, repo, name, plain, data, chosen: ServingSettings, report:
                         max_threads=CLIENT_THREADS,
                         stability_pct=RELAXED_STABILITY_PCT,
                     )
-                    perf.measure(server.http_url, name, data, warm)  # the new instances' first batches, unrecorded
+                    perf.measure(server.http_url, name, data, warm, timeout=60)  # first batches, unrecorded
                 except Exception:
                     report["alone"].append({"server": label, "variant": text, "error": traceback.format_exc()[-600:]})
                     continue

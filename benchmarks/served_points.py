@@ -31,6 +31,13 @@ WARM_UP_CONCURRENCY = 32  # TorchScript and CUDA pay their start at each new bat
 RATE_THREADS = 128  # enough client threads for 30,000 requests/s of a few milliseconds each
 
 
+def rate_load(rate: float, **settings) -> perf.LoadSettings:
+    """A fixed rate: RATE_THREADS synchronous threads while one process carries it, else perf's own choice
+    (several processes over HTTP, asynchronous requests over gRPC: components/serving/perf.py)."""
+    threads = RATE_THREADS if rate <= perf.SYNC_RATE_PER_CLIENT else None
+    return perf.LoadSettings(request_rate=rate, max_threads=threads, **settings)
+
+
 def _process_ticks(pid: int) -> tuple[int, float]:
     """The parent's pid and the CPU seconds (user + system, all threads) of a live process."""
     with open(f"/proc/{pid}/stat") as fh:
@@ -218,14 +225,14 @@ def sweep(
         # executions are slow (likely CUDA's caching allocator growing): a first point at 20,000/s after a
         # warm-up at concurrency 32 had p99 about twice the next ones'.
         warm_ups = [perf.LoadSettings(concurrency=max(*concurrency, WARM_UP_CONCURRENCY), **steady)]
-        warm_ups += [perf.LoadSettings(request_rate=max(rates), max_threads=RATE_THREADS, **steady)] if rates else []
+        warm_ups += [rate_load(max(rates), **steady)] if rates else []
         with client_on(cores):
             for warm_up in warm_ups:
                 perf.measure(server.http_url, name, data, warm_up)
         points = []
         for protocol in protocols:
             over = steady | {"protocol": protocol}
-            loads = [perf.LoadSettings(request_rate=r, max_threads=RATE_THREADS, **over) for r in rates]
+            loads = [rate_load(r, **over) for r in rates]
             loads += [perf.LoadSettings(concurrency=c, **over) for c in concurrency]
             for load in loads:
                 points.append(measure_point(server, name, data, load, cores))

@@ -130,6 +130,11 @@ class LoadSettings(StepSettings):
     # client threads at a fixed request rate (None: rate_threads); perf_analyzer's own default (4 synchronous
     # HTTP threads) cannot send more than about 1,000 requests/s whatever the rate asked (measured on the H200)
     max_threads: int | None = None
+    # at a fixed request rate: perf_analyzer processes per model sharing the rate (None: perf.rate_clients, one
+    # while synchronous threads can carry the rate) and asynchronous requests (None: perf.asynchronous, only over
+    # gRPC above that rate); components/serving/perf.py says why
+    clients: int | None = None
+    async_requests: bool | None = None
 
 
 @step_settings("gate")

@@ -7,6 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from components.model.model_config import ServingSettings
@@ -45,6 +46,20 @@ def test_at_a_fixed_rate_the_lowest_p99_among_the_settings_that_keep_up_wins():
     assert TuneResult.from_json(result.to_json()).gain_pct == pytest.approx(30.0)
     header = gate_report.tuning_markdown(json.loads(result.to_json()))[1]
     assert "p99 +30.0% lower than the default's at 150 requests/s" in header
+
+
+def test_at_a_fixed_rate_no_single_step_keeps_up_but_a_combination_does():
+    """None of 1-3 instances without a queue delay keeps up; the search goes on from the one that served most
+    (3 instances) and finds that 3 instances with a delay keep up within the limit."""
+
+    def throughput(s: ServingSettings) -> float:
+        return 150.0 if s.instance_count == 3 and s.max_queue_delay_us else 60.0 + 20 * s.instance_count
+
+    measure, _ = surface(throughput, lambda s: 0.8)
+    space = dataclasses.replace(RATE, max_p99_ms=1.0)
+    result = search(measure, DEFAULT, space, len(grid(DEFAULT, space)))
+    assert result.chosen.instance_count == 3 and result.chosen.max_queue_delay_us > 0, result.chosen
+    assert result.confirmation.startswith("confirmed")
 
 
 def test_at_a_fixed_rate_a_winner_that_falls_behind_when_measured_again_is_not_adopted():
@@ -90,6 +105,42 @@ def test_a_fixed_rate_gets_client_threads_enough_to_send_it():
     assert threads(LoadSettings(request_rate=50)) == "16"
     assert threads(LoadSettings(request_rate=10_000, max_threads=8)) == "8"
     assert "--max-threads" not in perf._arguments("h:1", "m", Path("in.json"), LoadSettings(), "", Path("o"))
+
+
+def test_a_rate_beyond_one_process_of_synchronous_threads_is_shared_by_several():
+    """256 synchronous threads carry 25,600 requests/s of up to 10 ms: 50,000/s over HTTP takes two processes of
+    250 threads each; over gRPC one process sends it asynchronously (perf_analyzer's HTTP client holds each
+    asynchronous request back until a response arrives)."""
+    http = LoadSettings(request_rate=50_000)
+    share = perf.per_client(http)
+    args = perf._arguments("h:1", "m", Path("in.json"), share, "", Path("out"))
+    assert perf.rate_clients(http) == 2 and share.request_rate == 25_000 and "--async" not in args
+    assert args[args.index("--max-threads") + 1] == "250"
+    grpc = LoadSettings(request_rate=50_000, protocol="grpc")
+    args = perf._arguments("h:1", "m", Path("in.json"), perf.per_client(grpc), "", Path("out"))
+    assert perf.rate_clients(grpc) == 1 and "--async" in args and args[args.index("--max-threads") + 1] == "10"
+    assert perf.rate_clients(LoadSettings(request_rate=10_000)) == 1
+    assert perf.per_client(LoadSettings(concurrency=4)) == LoadSettings(concurrency=4)
+    # the gate's duet pins its clients to a quarter of the CPUs, unless the rate needs more CPUs than that
+    assert perf.client_cpus_for(LoadSettings(request_rate=10_000), 2, {0, 1, 2, 3}) == {0, 1, 2, 3}
+    assert perf.client_cpus_for(http, 1, {0, 1, 2, 3}) is None
+
+
+def test_the_processes_sharing_a_rate_make_one_run():
+    def run(start: int, latencies: list[float], throughput: float, exit_code: int = 0) -> perf.PerfRun:
+        requests = perf.Requests(
+            np.arange(start, start + len(latencies), dtype=np.int64), np.asarray(latencies), (start, start + 9)
+        )
+        point = perf.LoadPoint(100.0, throughput, 1, 1, 1, 1, 10.0, 20.0)
+        return perf.PerfRun("m", "1", exit_code, [point] if exit_code == 0 else [], requests=requests)
+
+    one = perf.merged([run(0, [1.0] * 99, 100.0), run(5, [1.0] * 98 + [50.0, 60.0], 300.0)])
+    assert one.ok and one.points[0].throughput == 400.0 and one.points[0].concurrency == 200.0
+    assert one.latencies_us.size == 199 and one.requests.span_ns == (5, 9)
+    assert list(one.requests.start_ns) == sorted(one.requests.start_ns)
+    assert one.points[0].p99_us > 1.0 and one.points[0].server_queue_us == 10.0
+    broken = perf.merged([run(0, [1.0], 100.0), run(0, [1.0], 0.0, exit_code=2)])
+    assert not broken.ok and broken.exit_code == 2
 
 
 @pytest.mark.slow

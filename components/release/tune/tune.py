@@ -169,6 +169,18 @@ def _best(trials: Iterator[Trial], limit_ms: float | None, rate: float | None) -
     return min(eligible, key=lambda t: t.p99_ms, default=None)
 
 
+def _leader(trials: Iterator[Trial], rate: float | None) -> ServingSettings | None:
+    """At a fixed rate, while no setting is eligible yet: the one the next knobs start from, the lowest p99 of
+    those that keep up, else the highest throughput. Starting from the default instead, a combination none of
+    whose single steps is eligible (more instances and a queue delay) is never tried."""
+    measured = [t for t in trials if t.measured]
+    if rate is None or not measured:
+        return None
+    keeping = [t for t in measured if _keeps_up(t, rate)]
+    best = min(keeping, key=lambda t: t.p99_ms) if keeping else max(measured, key=lambda t: t.throughput)
+    return best.settings
+
+
 def search(
     measure: Callable[[ServingSettings], Trial], default: ServingSettings, settings: TuneSettings, grid_size: int
 ) -> TuneResult:
@@ -206,7 +218,7 @@ def search(
     while moved and len(result.trials) < settings.budget:
         moved = False
         for _name, values in knobs(default, settings):
-            anchor = current or default
+            anchor = current or _leader(iter(measured.values()), rate) or default
             tried = [t for t in (run(v) for v in values(anchor)) if t is not None]
             best = _best(iter(tried), result.p99_limit_ms, rate)
             if best is None or best.settings == current:
