@@ -22,7 +22,7 @@ from components.model.model_config import ServingSettings
 from components.model.parity import OutputParity
 from components.release.effects import Effect, RoundFigures, Rounds
 from components.serving import perf
-from components.serving.perf import LoadPoint
+from components.serving.perf_output import LoadPoint
 
 R = TypeVar("R", bound="Result")
 VerdictName = Literal["pass", "fail", "inconclusive"]

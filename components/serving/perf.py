@@ -7,9 +7,7 @@ unreachable or usage error. A run is usable only with exit 0 and a CSV row for e
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
 import math
 import subprocess
@@ -23,6 +21,7 @@ import numpy as np
 
 from components import log
 from components.serving import admin_key
+from components.serving.perf_output import LoadPoint, Requests, parse_csv, parse_profile_export
 from components.serving.tools import find_perf_analyzer
 from components.settings import LoadSettings
 
@@ -35,34 +34,6 @@ EXIT_REASONS = {
     3: "no valid requests were completed",
     99: "the server was unreachable or the arguments were rejected",
 }
-
-
-@dataclass(frozen=True)
-class LoadPoint:
-    """One row of perf_analyzer's CSV: a load level and what it achieved. Latencies in microseconds."""
-
-    concurrency: float
-    throughput: float
-    p50_us: float
-    p90_us: float
-    p95_us: float
-    p99_us: float
-    server_queue_us: float
-    server_compute_us: float
-
-
-@dataclass(frozen=True)
-class Requests:
-    """The requests perf_analyzer sent inside its measured windows: start times (ns, the host's clock,
-    comparable between processes) and latencies (us), and the measured span [start_ns, end_ns]."""
-
-    start_ns: np.ndarray
-    latency_us: np.ndarray
-    span_ns: tuple[int, int] = (0, 0)
-
-    @classmethod
-    def empty(cls) -> Requests:
-        return cls(np.empty(0, np.int64), np.empty(0))
 
 
 @dataclass
@@ -121,51 +92,6 @@ def write_input_data(samples: Mapping[str, np.ndarray], path: Path, batched: boo
             break
     path.write_text(json.dumps({"data": entries}))
     return path
-
-
-def parse_profile_export(path: Path) -> Requests:
-    """The requests of the measured windows, from perf_analyzer's --profile-export-file."""
-    try:
-        experiment = json.loads(path.read_text())["experiments"][-1]
-    except (OSError, ValueError, KeyError, IndexError):
-        return Requests.empty()
-    done = [r for r in experiment.get("requests", []) if r.get("response_timestamps")]
-    bounds = experiment.get("window_boundaries") or []
-    if len(bounds) >= 2:
-        start, end = int(bounds[0]), int(bounds[-1])
-    elif done:
-        start, end = min(r["timestamp"] for r in done), max(r["timestamp"] for r in done)
-    else:
-        return Requests.empty()
-    inside = [r for r in done if start <= r["timestamp"] <= end]
-    return Requests(
-        np.asarray([r["timestamp"] for r in inside], dtype=np.int64),
-        np.asarray([(r["response_timestamps"][0] - r["timestamp"]) / 1000 for r in inside], dtype=np.float64),
-        (start, end),
-    )
-
-
-def parse_csv(text: str) -> list[LoadPoint]:
-    """perf_analyzer's `-f` CSV: one row per load level."""
-    rows = list(csv.DictReader(io.StringIO(text)))
-    points = []
-    for row in rows:
-        load = row.get("Concurrency") or row.get("Request Rate")
-        if not load:
-            continue
-        points.append(
-            LoadPoint(
-                concurrency=float(load),
-                throughput=float(row["Inferences/Second"]),
-                p50_us=float(row["p50 latency"]),
-                p90_us=float(row["p90 latency"]),
-                p95_us=float(row["p95 latency"]),
-                p99_us=float(row["p99 latency"]),
-                server_queue_us=float(row.get("Server Queue", 0) or 0),
-                server_compute_us=float(row.get("Server Compute Infer", 0) or 0),
-            )
-        )
-    return points
 
 
 # A synchronous perf_analyzer thread has one request in flight: at up to 10 ms a request it sends 100/s, and one
