@@ -222,7 +222,7 @@ def test_the_running_stacks_env_gives_replicas_whose_metrics_answer(stack):
     env = stack.env()
     replicas = resolve(env[REPLICAS_ENV])
     assert [r.url for r in replicas] == [s.http_url for s in stack.replicas]
-    _, gate_metrics = gate_server(env["TRITONSHIP_GATE"], env[GATE_METRICS_ENV])
+    gate_metrics = gate_server(env["TRITONSHIP_GATE"], env[GATE_METRICS_ENV]).metrics_url
     for metrics in [*(r.metrics_url for r in replicas), gate_metrics]:
         answer = requests.get(f"http://{metrics}/metrics", timeout=5)
         assert answer.status_code == 200, metrics

@@ -17,7 +17,7 @@ from pipelines.cli.common import (
     app,
     console,
     friendly_errors,
-    one_server,
+    gate_server,
     s3_settings,
     step_options,
 )
@@ -46,10 +46,9 @@ def calibrate_gate_cmd(
     and record it in S3; say which limits the gate's budget can decide there. The gate then reads it."""
     from components.release.gate.calibration import budgets, calibrate
     from components.release.run_context import RunContext
-    from components.serving.replicas import resolve
 
     with console.status(f"measuring {rounds} A/A rounds of {model} on the gate server"):
-        context = RunContext(repository, model, gate=resolve(gate)[0], s3=s3_settings(s3_endpoint))
+        context = RunContext(repository, model, gate=gate_server(gate), s3=s3_settings(s3_endpoint))
         found = calibrate(context, gate_settings, rounds=rounds)
     console.print(
         f"{model} v{found.version} on {found.gate}: {found.rounds} rounds of {found.round_seconds:.1f} s after "
@@ -85,7 +84,6 @@ def calibrate_quality_cmd(
     from components.errors import TritonshipError
     from components.release.quality.calibration import MIN_RETRAINS, calibrate_quality
     from components.release.run_context import RunContext
-    from components.serving.replicas import Replica
 
     if not chosen.enabled:
         raise TritonshipError("give --eval-data (labelled rows) and --quality-spec (the metrics to calibrate).")
@@ -94,8 +92,7 @@ def calibrate_quality_cmd(
     except ValueError:
         raise TritonshipError(f"--versions takes version numbers separated by commas, not {versions!r}.") from None
     with console.status(f"sending the labelled rows through {len(numbers)} retrains of {model} on the gate server"):
-        url = one_server(gate)
-        context = RunContext(repository, model, gate=Replica(url, url), s3=s3_settings(s3_endpoint))
+        context = RunContext(repository, model, gate=gate_server(gate), s3=s3_settings(s3_endpoint))
         found = calibrate_quality(context, chosen, numbers)
     console.print(
         f"{model}: {len(found.versions)} retrains (v{', v'.join(map(str, found.versions))}) on {found.rows:,} rows",

@@ -5,6 +5,7 @@ several groups take and the readers of files a step wrote."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from components.settings_model import SettingsError, StepSettings
 
 if TYPE_CHECKING:
     from components.release.results import Result
+    from components.serving.replicas import Replica
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help=__doc__.split("\n")[0], pretty_exceptions_enable=False
@@ -164,16 +166,13 @@ UnloadGateOption = Annotated[
 ]
 
 
-def one_server(spec: str) -> str:
-    return gate_server(spec, None)[0]
-
-
-def gate_server(spec: str, metrics: str | None) -> tuple[str, str]:
-    """The server's HTTP host:port and its metrics endpoint (given, or found with a k8s:// pod; else none)."""
+def gate_server(spec: str, metrics: str | None = None) -> Replica:
+    """The gate server `--gate` names (of several, the first), as the pipeline's tasks see it, with its metrics
+    endpoint: `metrics` where given, else the one `spec` or its k8s:// pod names."""
     from components.serving.replicas import resolve
 
     server = resolve(spec)[0]
-    return server.url, metrics or server.metrics_url
+    return dataclasses.replace(server, metrics_url=metrics or server.metrics_url)
 
 
 GateMetricsOption = Annotated[

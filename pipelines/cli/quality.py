@@ -18,7 +18,7 @@ from pipelines.cli.common import (
     app,
     console,
     friendly_errors,
-    one_server,
+    gate_server,
     out_console_line,
     s3_settings,
     step_options,
@@ -44,7 +44,6 @@ def quality_cmd(
     from components.release.quality import report as quality_report
     from components.release.quality.quality import quality
     from components.release.run_context import RunContext
-    from components.serving.replicas import Replica
 
     if not chosen.enabled:
         raise TritonshipError("give --eval-data (labelled rows) and --quality-spec (the metrics and their limits).")
@@ -55,8 +54,7 @@ def quality_cmd(
         ) as bar,
     ):
         task = bar.add_task(f"rows through {model} v{version} and stable", total=None)
-        url = one_server(gate)
-        context = RunContext(repository, model, version, Replica(url, url), s3_settings(s3_endpoint))
+        context = RunContext(repository, model, version, gate_server(gate), s3_settings(s3_endpoint))
         result = quality(context, chosen, progress=lambda done, total: bar.update(task, completed=done, total=total))
         bar.stop()
         quality_report.write(result, out)

@@ -72,11 +72,10 @@ def stage_cmd(
     from components.model.parity import parity_table
     from components.release.run_context import RunContext
     from components.release.stage import stage
-    from components.serving.replicas import resolve
 
     with lease_given_back_on_failure(repository, model, version, s3_endpoint) as succeeded:
         with console.status(f"loading {model} v{version} on the gate"):
-            context = RunContext(repository, model, version, resolve(gate)[0], s3_settings(s3_endpoint))
+            context = RunContext(repository, model, version, gate_server(gate), s3_settings(s3_endpoint))
             staged = stage(context, loading)
         if staged.load_error:
             raise TritonshipError(f"the gate server could not load the candidate: {staged.load_error}")
@@ -114,11 +113,9 @@ def tune_cmd(
     from components.release.gate import report as gate_report
     from components.release.run_context import RunContext
     from components.release.tune.tune import tune
-    from components.serving.replicas import Replica
 
     with console.status(f"tuning {model} v{version} on the gate (at most {tune_settings.budget} settings)"):
-        url, metrics_url = gate_server(gate, gate_metrics)
-        context = RunContext(repository, model, version, Replica(url, url, metrics_url), s3_settings(s3_endpoint))
+        context = RunContext(repository, model, version, gate_server(gate, gate_metrics), s3_settings(s3_endpoint))
         result = tune(context, tune_settings)
     out_file.write_text(result.to_json())
     table = Table(*gate_report.TUNING_HEADER)
@@ -153,15 +150,13 @@ def gate_cmd(
     from components.release.gate import gate as gate_step
     from components.release.results import QualityResult, StageResult, TuneResult
     from components.release.run_context import RunContext
-    from components.serving.replicas import Replica
 
     staged = read_result(stage_result, "stage result", StageResult) if stage_result else None
     tuned = read_result(tuning, "tuning result", TuneResult) if tuning else None
     judged = read_result(quality, "quality result", QualityResult) if quality else None
     with lease_given_back_on_failure(repository, model, version, s3_endpoint) as succeeded:
         with console.status(f"measuring {model} v{version} against stable (at most {gate_settings.budget_s:g} s)"):
-            url, metrics_url = gate_server(gate, gate_metrics)
-            context = RunContext(repository, model, version, Replica(url, url, metrics_url), s3_settings(s3_endpoint))
+            context = RunContext(repository, model, version, gate_server(gate, gate_metrics), s3_settings(s3_endpoint))
             result = gate_step.gate(context, gate_settings, staged, out, tuning=tuned, quality=judged)
         if (out / "report.md").exists():
             out_console_line((out / "report.md").read_text())
@@ -206,7 +201,7 @@ def promote_cmd(
     decided = read_result(verdict, "verdict", Verdict)
     targets = resolve(replicas)
     serving = read_result(tuning, "tuning result", TuneResult).chosen if tuning else None
-    server = resolve(gate)[0] if gate else None  # to unload the candidate from
+    server = gate_server(gate) if gate else None  # to unload the candidate from
     context = RunContext(repository, decided.model, decided.version, server, s3_settings(s3_endpoint))
     with console.status(f"promoting {decided.model} v{decided.version} to {len(targets)} replicas") as status:
         result = promote(
@@ -242,10 +237,9 @@ def reject_cmd(
     from components.release.promote.promote import reject
     from components.release.results import Verdict
     from components.release.run_context import RunContext
-    from components.serving.replicas import resolve
 
     decided = read_result(verdict, "verdict", Verdict)
-    server = resolve(gate)[0] if gate else None  # to unload the candidate from
+    server = gate_server(gate) if gate else None  # to unload the candidate from
     context = RunContext(repository, decided.model, decided.version, server, s3_settings(s3_endpoint))
     reject(context, decided.verdict, decided.reasons)
     out_console_line(f"rejected {decided.model} v{decided.version} ({decided.verdict}); production unchanged")
