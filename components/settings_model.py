@@ -153,8 +153,13 @@ class StepSettings:
         return {name: o.flat(_at(self, o.path)) for name, o in self.options().items()}
 
     def to_dict(self) -> dict[str, Any]:
-        """The whole settings, nested as declared, in JSON's types: how one pipeline task hands them to another."""
-        return _adapter(type(self)).dump_python(self, mode="json")
+        """The whole settings, nested as declared, in JSON's types: how one pipeline task hands them to another.
+        A setting that is None is left out (KFP refuses None inside a dict parameter); from_dict gives it back as
+        its default, which is None for every such setting: one that is not would not travel, and is refused."""
+        whole = _adapter(type(self)).dump_python(self, mode="json", exclude_none=True)
+        if type(self).from_dict(whole) != self:
+            raise TypeError(f"{type(self).__name__} has a setting that is None where its default is not")
+        return whole
 
     @classmethod
     def from_dict(cls: type[S], whole: dict[str, Any]) -> S:

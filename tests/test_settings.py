@@ -110,6 +110,16 @@ def test_the_pipelines_settings_are_checked_before_anything_runs_and_reach_each_
     # handed whole, nested as declared: no flat form between settings_op and the task
     assert steps["promote"]["canary"]["round_s"] == PromoteSettings().canary.round_s
     assert json.loads(json.dumps(steps)) == steps
+
+
+def test_each_steps_settings_pass_as_a_kfp_dict_parameter_and_come_back_the_same():
+    from kfp.compiler.pipeline_spec_builder import to_protobuf_value
+
+    for step, whole in pipeline_settings({}).items():
+        to_protobuf_value(whole)  # as KFP hands a task its input: it refuses None inside a dict
+        assert PIPELINE_STEPS[step].from_dict(whole).to_dict() == whole
+    unset = GateSettings()  # settings that are None by default (no p99 limit, no fixed rate) travel as defaults
+    assert "max_p99_ms" not in unset.to_dict()["thresholds"] and GateSettings.from_dict(unset.to_dict()) == unset
     with pytest.raises(SettingsError, match="instance_counts must be whole numbers"):
         pipeline_settings({"tune_instance_counts": "2,0"})
     with pytest.raises(SettingsError, match="no parameter named rounds"):

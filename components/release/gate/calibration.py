@@ -167,15 +167,8 @@ def _measure(
             )
             for index in range(rounds):
                 started = time.monotonic()
-                runs = perf.measure_together(
-                    admin.url, targets, data, settings.load, settings.perf_timeout_s, shared_client_cpus(index)
-                )
+                a_ms, b_ms, a_s, b_s = _round(admin.url, targets, data, settings, index)
                 durations.append(time.monotonic() - started)
-                if not all(r.ok for r in runs):
-                    raise CalibrationError(
-                        f"round {index + 1} could not be measured: {runs[0].reason or runs[1].reason}"
-                    )
-                a_ms, b_ms, a_s, b_s = effects.round_requests(runs[0].requests, runs[1].requests, duet=True)
                 p99s.append(np.log(np.percentile(a_ms, 99) / np.percentile(b_ms, 99)))
                 throughputs.append(np.log((a_ms.size / a_s) / (b_ms.size / b_s)))
     finally:
@@ -192,3 +185,24 @@ def _measure(
         p99_log_sd=float(np.std(p99s, ddof=1)),
         throughput_log_sd=float(np.std(throughputs, ddof=1)),
     )
+
+
+def _round(
+    url: str, targets: list[perf.Target], data: Path, settings: GateSettings, index: int
+) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """One A/A duet round: both sides' latencies (ms) over the span both measured, and its seconds. A round whose
+    two runs shared no measured span (one perf_analyzer started late on a busy machine) is measured again, up to
+    the gate's max_attempts, as the gate measures a round again."""
+    why = ""
+    for _ in range(settings.max_attempts):
+        runs = perf.measure_together(
+            url, targets, data, settings.load, settings.perf_timeout_s, shared_client_cpus(index)
+        )
+        if not all(r.ok for r in runs):
+            why = runs[0].reason if not runs[0].ok else runs[1].reason
+            continue
+        a_ms, b_ms, a_s, b_s = effects.round_requests(runs[0].requests, runs[1].requests, duet=True)
+        if a_ms.size and b_ms is not None and b_ms.size:
+            return a_ms, b_ms, a_s, b_s
+        why = "the two perf_analyzer runs measured no span in common"
+    raise CalibrationError(f"round {index + 1} could not be measured in {settings.max_attempts} attempt(s): {why}")
