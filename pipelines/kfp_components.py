@@ -27,9 +27,8 @@ def publish_op(compiled: Input[Model], repository: str, s3_endpoint: str, run_id
 
     from components.release.publish import PublishSettings, publish
     from components.release.run_context import RunContext
-    from components.s3 import S3Settings
 
-    context = RunContext(repository, "", s3=S3Settings.from_env(s3_endpoint), run_id=run_id)  # the folder's model
+    context = RunContext.of_task(repository, "", s3_endpoint=s3_endpoint, run_id=run_id)  # the folder's model
     result = publish(context, PublishSettings.from_dict(settings), folder=Path(compiled.path))
     return namedtuple("Published", ["version", "uri"])(result.version, result.uri)
 
@@ -42,12 +41,11 @@ def calibrate_op(repository: str, model_name: str, gate: str, s3_endpoint: str, 
 
     from components.release.gate.calibration import calibrate
     from components.release.run_context import RunContext
-    from components.s3 import S3Settings
     from components.serving.replicas import resolve
     from components.settings import GateSettings
 
     chosen = GateSettings.from_dict(settings)
-    context = RunContext(repository, model_name, s3=S3Settings.from_env(s3_endpoint), run_id=run_id)
+    context = RunContext.of_task(repository, model_name, s3_endpoint=s3_endpoint, run_id=run_id)
     if not chosen.calibrate_rounds or context.repo().desired_config(model_name)[0] is None:
         return "[]"  # off, or a first release: no stable version to measure
     found = [
@@ -66,10 +64,9 @@ def stage_op(
     from components.release.gate_turn import free_gate
     from components.release.run_context import RunContext
     from components.release.stage import ModelLoadSettings, stage
-    from components.s3 import S3Settings
     from components.serving.replicas import resolve
 
-    context = RunContext(repository, model_name, int(version), s3=S3Settings.from_env(s3_endpoint), run_id=run_id)
+    context = RunContext.of_task(repository, model_name, version, s3_endpoint=s3_endpoint, run_id=run_id)
     server = free_gate(context.repo(), resolve(gate))  # of several, measured there to the end
     return stage(context.on(server), ModelLoadSettings.from_dict(settings)).to_json()
 
@@ -98,13 +95,12 @@ def tune_op(
     from components.release.run_context import RunContext
     from components.release.tune.settings import TuneSettings
     from components.release.tune.tune import tune
-    from components.s3 import S3Settings
 
     staged = StageResult.from_json(stage_result)
     tuning = TuneSettings.from_dict(settings)  # at the gate's load, within its p99 limit (settings_op)
     tuning = dataclasses.replace(tuning, enabled=tuning.enabled and staged.accuracy_passed)
     server = staged_server(gate, staged)  # a k8s:// gate also gives its metrics endpoint: GPU/CPU figures per trial
-    context = RunContext(repository, model_name, int(version), server, S3Settings.from_env(s3_endpoint), run_id)
+    context = RunContext.of_task(repository, model_name, version, server, s3_endpoint=s3_endpoint, run_id=run_id)
     result = tune(context, tuning)
     text = result.to_json()
     Path(report.path).write_text("\n".join(tuning_markdown(json.loads(text))) if result.trials else "tuning was off\n")
@@ -138,7 +134,6 @@ def quality_op(
     from components.release.quality.spec import QualitySettings
     from components.release.results import StageResult
     from components.release.run_context import RunContext
-    from components.s3 import S3Settings
 
     chosen, staged = QualitySettings.from_dict(settings), StageResult.from_json(stage_result)
     if not chosen.enabled or not staged.accuracy_passed:
@@ -146,7 +141,7 @@ def quality_op(
         Path(report_html.path).write_text("<p>Quality: not run</p>")
         return ""
     server = staged_server(gate, staged)  # the gate server it staged on
-    context = RunContext(repository, model_name, int(version), server, S3Settings.from_env(s3_endpoint), run_id)
+    context = RunContext.of_task(repository, model_name, version, server, s3_endpoint=s3_endpoint, run_id=run_id)
     result = quality(context, chosen)
     with tempfile.TemporaryDirectory() as tmp:
         quality_report.write(result, Path(tmp))
@@ -219,13 +214,12 @@ def gate_op(
     from components.release.gate_turn import staged_server
     from components.release.results import QualityResult, StageResult, TuneResult
     from components.release.run_context import RunContext
-    from components.s3 import S3Settings
     from components.settings import GateSettings
 
     staged = StageResult.from_json(stage_result)
     with tempfile.TemporaryDirectory() as tmp:
         server = staged_server(gate, staged)  # with its metrics endpoint where `gate` names it: GPU/CPU figures
-        context = RunContext(repository, model_name, int(version), server, S3Settings.from_env(s3_endpoint), run_id)
+        context = RunContext.of_task(repository, model_name, version, server, s3_endpoint=s3_endpoint, run_id=run_id)
         result = run_gate(
             context,
             GateSettings.from_dict(settings),
@@ -272,12 +266,11 @@ def promote_op(
     from components.release.promote.settings import PromoteSettings
     from components.release.results import TuneResult, Verdict
     from components.release.run_context import RunContext
-    from components.s3 import S3Settings
     from components.serving.replicas import resolve
 
     decided = Verdict.from_json(verdict_json)
     server = resolve(decided.gate_url or gate)[0]  # the gate server it staged on, to unload the candidate from
-    context = RunContext(repository, model_name, int(version), server, S3Settings.from_env(s3_endpoint), run_id)
+    context = RunContext.of_task(repository, model_name, version, server, s3_endpoint=s3_endpoint, run_id=run_id)
     result = promote(
         context,
         PromoteSettings.from_dict(settings),
@@ -301,12 +294,11 @@ def reject_op(
     from components.release.promote.promote import reject
     from components.release.results import Verdict
     from components.release.run_context import RunContext
-    from components.s3 import S3Settings
     from components.serving.replicas import resolve
 
     decided = Verdict.from_json(verdict_json)
     server = resolve(decided.gate_url or gate)[0]  # the gate server it staged on, to unload the candidate from
-    context = RunContext(repository, model_name, int(version), server, S3Settings.from_env(s3_endpoint), run_id)
+    context = RunContext.of_task(repository, model_name, version, server, s3_endpoint=s3_endpoint, run_id=run_id)
     reject(context, decided.verdict, decided.reasons)
 
 
@@ -319,10 +311,9 @@ def finish_release_op(repository: str, model_name: str, gate: str, replicas: str
     from components.release.promote.reconcile import reconcile
     from components.release.promote.records import PromotionRecord
     from components.release.run_context import RunContext
-    from components.s3 import S3Settings
     from components.serving.replicas import resolve
 
-    context = RunContext(repository, model_name, s3=S3Settings.from_env(s3_endpoint), run_id=run_id)
+    context = RunContext.of_task(repository, model_name, s3_endpoint=s3_endpoint, run_id=run_id)
     for server in resolve(gate):  # of several gate servers, the one it staged on
         unload_candidate(server.url, context.model)
     repo = context.repo()

@@ -24,6 +24,21 @@ class RunContext:
     s3: S3Settings | None = None  # None: from the environment
     run_id: str = ""  # the pipeline run's id; "" by hand
 
+    @classmethod
+    def of_task(
+        cls,
+        repository: str,
+        model: str,
+        version: int = 0,
+        gate: Replica | None = None,
+        *,
+        s3_endpoint: str,
+        run_id: str,
+    ) -> RunContext:
+        """A pipeline task's: S3's credentials from the task's environment (the pipeline's secret), its endpoint as
+        the pipeline names it; KFP may hand the version over as a float."""
+        return cls(repository, model, int(version), gate, S3Settings.from_env(s3_endpoint), run_id)
+
     def repo(self) -> ModelRepository:
         return ModelRepository(self.repository, self.s3)
 
