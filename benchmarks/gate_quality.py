@@ -41,10 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from components.model import model_config
 from components.release.gate.calibration import budgets, calibrate
 from components.release.gate.gate import gate
-from components.release.promote.promote import unload_candidate
 from components.release.publish import publish
 from components.release.run_context import RunContext
-from components.release.stage import stage
+from components.release.stage import stage, unload_candidate
 from components.repository import ModelRepository
 from components.serving import perf
 from components.serving.replicas import Replica

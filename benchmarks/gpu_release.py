@@ -2,7 +2,7 @@
 
     python3 benchmarks/gpu_release.py --rate 50000 --out DIR   # the GPU machine: gpu_served_speed.sh release_start
 
-Every step's settings come from the pipeline's parameters (step_settings.pipeline_settings: compile_target aoti,
+Every step's settings come from the pipeline's parameters (pipelines/kfp_components.py pipeline_settings: compile_target aoti,
 precision fp16, compile_device cuda, the gate's request_rate `--rate` and max_p99_ms `--p99-ms`, the quality check's
 eval_data and quality_spec; every other parameter at the pipeline's default), and each step is the function its
 pipeline task calls, in the pipeline's order: export (the sample's `users_v1`, 50,000 items, length 200), compile
@@ -58,7 +58,6 @@ from components.release.step_settings import (
     PromoteSettings,
     PublishSettings,
     TuneSettings,
-    pipeline_settings,
 )
 from components.release.tune.tune import tune
 from components.repository import ModelRepository
@@ -66,6 +65,7 @@ from components.repository.store import PRODUCTION
 from components.serving import admin_key, perf
 from components.serving.triton_admin import TritonAdmin
 from components.settings import RELAXED_STABILITY_PCT, GateSettings
+from pipelines.kfp_components import pipeline_settings
 from pipelines.samples import bert4rec
 from pipelines.stack import LATENCY_SUMMARIES, EmbeddedStack
 

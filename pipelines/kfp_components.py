@@ -4,17 +4,73 @@ the user's model, are pipelines/kfp_model_components.py's).
 Each imports its step from `components` inside its body: the images (images/versions.yaml) have the project
 installed, and KFP's local runner runs the very same functions here. The wiring is pipelines/pipeline.py."""
 
-from typing import NamedTuple
+import dataclasses
+from typing import Any, NamedTuple
 
 from kfp import dsl
 from kfp.dsl import HTML, Input, Markdown, Metrics, Model, Output
 
+from components.release.promote.settings import PromoteSettings
+from components.release.publish import PublishSettings
+from components.release.quality.spec import QualitySettings
+from components.release.stage import ModelLoadSettings
+from components.release.step_settings import CompileSettings, ExportSettings
+from components.release.tune.settings import TuneSettings
+from components.settings import PIPELINE_DIFFERENCES, GateSettings
+from components.settings_model import Option, SettingsError, StepSettings
 from pipelines.images import image
 
 
 def step(kind: str):
     """A step's @dsl.component in the `kind` image, which has kfp (images/*.Dockerfile): no pip install per task."""
     return dsl.component(base_image=image(kind), install_kfp_package=False)
+
+
+# The one list of steps: the pipeline's parameters, settings_op's outputs and the steps' settings inputs
+# (pipelines/pipeline.py) are made from it; settings_op hands each task its own settings, by these names.
+PIPELINE_STEPS: dict[str, type[StepSettings]] = {
+    "export": ExportSettings,
+    "compile": CompileSettings,
+    "publish": PublishSettings,
+    "load": ModelLoadSettings,  # stage's
+    "tune": TuneSettings,
+    "quality": QualitySettings,
+    "gate": GateSettings,
+    "promote": PromoteSettings,
+}
+
+
+def pipeline_parameters() -> dict[str, Option]:
+    """Every step setting that is a pipeline parameter, by its pipeline name, with the pipeline's default
+    (components/settings.py PIPELINE_DIFFERENCES). One parameter may feed several steps (load_timeout_s: stage's
+    and promote's)."""
+    found: dict[str, Option] = {}
+    for kind in PIPELINE_STEPS.values():
+        for option in kind.options().values():
+            if option.pipeline is None:
+                continue
+            chosen = dataclasses.replace(option, default=PIPELINE_DIFFERENCES.get(option.pipeline, option.default))
+            same = found.setdefault(option.pipeline, chosen)
+            if (same.help, same.default, same.pipeline_kind) != (chosen.help, chosen.default, chosen.pipeline_kind):
+                raise TypeError(f"the pipeline parameter {option.pipeline} is two different settings")
+    return found
+
+
+def pipeline_settings(given: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The pipeline's parameters (by pipeline name; a missing one takes the pipeline's default) as each task's
+    settings, whole (to_dict: the task rebuilds them with from_dict), by step; every step's are built, so checked:
+    a wrong value fails before anything runs. Tune measures at the gate's load, within its p99 limit."""
+    parameters = pipeline_parameters()
+    unknown = sorted(set(given) - set(parameters))
+    if unknown:
+        raise SettingsError("pipeline", [f"no parameter named {', '.join(unknown)}"])
+    values = {name: given.get(name, p.default) for name, p in parameters.items()}
+    steps: dict[str, Any] = {
+        step: kind.from_flat(**{o.name: values[o.pipeline] for o in kind.options().values() if o.pipeline})
+        for step, kind in PIPELINE_STEPS.items()
+    }
+    steps["tune"] = steps["tune"].at_gate(steps["gate"])
+    return {step: chosen.to_dict() for step, chosen in steps.items()}
 
 
 @step("tools")
@@ -177,13 +233,13 @@ def settings_op(parameters: dict, quality_spec: str = "") -> NamedTuple(
     ],
 ):
     """Every step's settings from the pipeline's parameters, checked before anything runs: a wrong one fails here,
-    not after the GPU compile. Returns each task's own settings (components/release/step_settings.py
-    PIPELINE_STEPS), so a task's inputs, and KFP's cache of it, change only with its own step's settings. The
+    not after the GPU compile. Returns each task's own settings (PIPELINE_STEPS), so a task's inputs, and KFP's cache
+    of it, change only with its own step's settings. The
     quality spec comes apart from `parameters`: KFP's local runner writes a pipeline parameter into a dict
     unescaped, so a spec's quotes or line breaks would break the task's input."""
     from collections import namedtuple
 
-    from components.release.step_settings import pipeline_settings
+    from pipelines.kfp_components import pipeline_settings
 
     steps = pipeline_settings({**parameters, "quality_spec": quality_spec})
     return namedtuple("Steps", list(steps))(**steps)
@@ -307,10 +363,10 @@ def finish_release_op(repository: str, model_name: str, gate: str, replicas: str
     """Exit handler: whatever happened, the candidate leaves the gate server, a promotion of this run that was
     killed (its pod past the grace period) is settled as `reconcile` does, and this run's release lease on the
     model is given back (promote and reject give it back themselves on their paths)."""
-    from components.release.promote.promote import unload_candidate
     from components.release.promote.reconcile import reconcile
     from components.release.promote.records import PromotionRecord
     from components.release.run_context import RunContext
+    from components.release.stage import unload_candidate
     from components.serving.replicas import resolve
 
     context = RunContext.of_task(repository, model_name, s3_endpoint=s3_endpoint, run_id=run_id)

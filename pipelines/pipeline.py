@@ -13,12 +13,13 @@ from typing import Any
 from kfp import dsl, kubernetes
 from kfp.dsl import Input, Model
 
-from components.release.step_settings import PIPELINE_STEPS, pipeline_parameters
 from components.serving import admin_key
 from pipelines.kfp_components import (
+    PIPELINE_STEPS,
     calibrate_op,
     finish_release_op,
     gate_op,
+    pipeline_parameters,
     promote_op,
     publish_op,
     quality_op,

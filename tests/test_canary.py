@@ -10,8 +10,8 @@ import pytest
 from components.release.effects import judge
 from components.release.promote import canary_report
 from components.release.promote.canary import effects
+from components.release.promote.canary_report import reverted_by_canary
 from components.release.promote.promote import promote
-from components.release.promote.promotion import reverted_by_canary
 from components.release.promote.records import Outcome, PromoteResult, Side
 from components.release.promote.settings import CanarySettings, PromoteSettings
 from components.release.publish import publish

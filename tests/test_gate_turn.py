@@ -10,17 +10,16 @@ import pytest
 
 from components.model import model_config
 from components.release.gate_turn import GateBusy, gate_turn
-from components.release.promote.promote import unload_candidate
 from components.release.publish import publish
 from components.release.results import StageResult, TuneResult
 from components.release.run_context import RunContext
-from components.release.step_settings import pipeline_settings
+from components.release.stage import unload_candidate
 from components.release.tune.tune import default_settings
 from components.repository import ModelRepository, lease_owner
 from components.repository.store import STAGING as STAGING_PREFIX
 from components.serving.triton_admin import TritonAdmin
 from components.settings import DEFAULT_GATE_LEASE_S, DEFAULT_GATE_POLL_S
-from pipelines.kfp_components import gate_op, stage_op
+from pipelines.kfp_components import gate_op, pipeline_settings, stage_op
 from pipelines.stack import PRODUCTION_PREFIX
 from tests.clocks import StepClock
 from tests.models import mlp_folder

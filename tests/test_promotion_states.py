@@ -1,4 +1,4 @@
-"""The promotion's states and transitions (components/release/promote/promotion.py) on fakes: a repository in memory,
+"""The promotion's states and transitions (components/release/promote/promote.py) on fakes: a repository in memory,
 replicas that switch and revert when told, a canary that decides as told (or the real one on made-up rounds and a
 clock that moves only when slept on). No S3, no Triton, no waiting: each test takes milliseconds.
 
@@ -22,15 +22,18 @@ from components.model.signature import Signature
 from components.release.promote import promote as promote_step
 from components.release.promote.canary import Canary, Watch
 from components.release.promote.cancel import Cancelled, cancellable
-from components.release.promote.promotion import Ending, Plan, Promotion, Stop
+from components.release.promote.plan import Plan
+from components.release.promote.promote import Promotion
 from components.release.promote.records import (
     CanaryResult,
     CanaryRound,
+    Ending,
     Outcome,
     Phase,
     PromoteResult,
     ReplicaOutcome,
     Side,
+    Stop,
 )
 from components.release.promote.rollout import PromotionError, Release
 from components.release.promote.settings import CanarySettings
@@ -174,8 +177,9 @@ def promotion(
     settings: CanarySettings | None = CANARY,
     progress: Any = None,
 ) -> Promotion:
-    plan = Plan(repo, candidate(), REPLICAS, repo.desired.get(MODEL), "etag-m", "run", canary=settings)
-    return Promotion(plan, fleet, canary or FakeCanary("pass", True, fleet, []), progress)  # type: ignore[arg-type]
+    plan = Plan(repo, candidate(), REPLICAS, repo.desired.get(MODEL), "etag-m", "run")
+    new_canary = canary or FakeCanary("pass", True, fleet, [])
+    return Promotion(plan, fleet, settings, new_canary=new_canary, progress=progress)  # type: ignore[arg-type]
 
 
 def phases(repo: FakeRepository) -> list[str]:

@@ -19,20 +19,13 @@ from typer.testing import CliRunner
 from components import settings
 from components.release.promote.settings import CanarySettings, PromoteSettings
 from components.release.stage import ModelLoadSettings
-from components.release.step_settings import (
-    COMMANDS,
-    PIPELINE_STEPS,
-    CompileSettings,
-    ExportSettings,
-    PublishSettings,
-    pipeline_parameters,
-    pipeline_settings,
-)
+from components.release.step_settings import COMMANDS, CompileSettings, ExportSettings, PublishSettings
 from components.release.tune.settings import TuneSettings
 from components.repository.maintenance_settings import RepoGcSettings
 from components.settings import GateSettings, LoadSettings, Thresholds
 from components.settings_model import SettingsError
 from pipelines.cli import app
+from pipelines.kfp_components import PIPELINE_STEPS, pipeline_parameters, pipeline_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILED = ROOT / "pipelines" / "release_pipeline.yaml"

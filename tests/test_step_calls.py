@@ -16,8 +16,8 @@ from components.release.promote import promote as promote_step
 from components.release.promote.records import PromoteResult
 from components.release.results import TuneResult, Verdict
 from components.release.run_context import RunContext
-from components.release.step_settings import pipeline_settings
 from components.release.tune.settings import TuneSettings
+from pipelines.kfp_components import pipeline_settings
 
 MODEL, VERSION = "m", 3
 REPLICAS, GATE = "prod-0:8000,prod-1:8000", "gate:8000"

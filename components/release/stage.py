@@ -233,3 +233,17 @@ def _load_error(gate: TritonAdmin, name: str, repo: ModelRepository, exc: Triton
         f"the gate server {gate.url} does not see {name} in its model repositories (it lists {shown}): start it "
         f"with --model-repository={repo.staging_uri()}, where the candidate was published ({exc})"
     )
+
+
+def unload_candidate(gate_url: str, model: str) -> bool:
+    """Unload `<model>__candidate` from the gate server; False if it was not loaded or the gate is gone."""
+    name = candidate_name(model)
+    with TritonAdmin(gate_url, timeout=10, retries=1) as gate:
+        try:
+            if not gate.is_ready(name):
+                return False
+            gate.unload_with_members(name)  # an ensemble's candidate members too
+            return True
+        except TritonshipError as exc:
+            log.event(LOG, "candidate not unloaded", gate=gate_url, reason=str(exc), level=30)
+            return False

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from components.errors import TritonshipError
 from components.model.model_config import LATENCY_HISTOGRAM
+from components.serving.replicas import Replica
 
 SUCCESS = "nv_inference_request_success"
 FAILURE = "nv_inference_request_failure"
@@ -191,3 +192,12 @@ def parse(url: str, text: str) -> Scrape:
         ) from None
     histograms = {key: Histogram(tuple(sorted(b)), tuple(b[le] for le in sorted(b))) for key, b in buckets.items()}
     return Scrape(url, values, histograms)
+
+
+def histograms_everywhere(replicas: list[Replica]) -> bool:
+    """Whether every replica exports latency histograms (Triton 26.01 and later with histogram_latencies=true):
+    only then may a config carry its buckets, which an older Triton refuses."""
+    try:
+        return all(r.metrics_url and scrape(r.metrics_url).has_histograms for r in replicas)
+    except MetricsUnavailable:
+        return False

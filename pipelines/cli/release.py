@@ -191,8 +191,8 @@ def promote_cmd(
     With the canary (the default), the first replicas switched are measured against the others on live
     traffic first; exit 1 when it reverts."""
     from components.release.promote import canary_report
+    from components.release.promote.canary_report import reverted_by_canary
     from components.release.promote.promote import PromotionError, promote
-    from components.release.promote.promotion import reverted_by_canary
     from components.release.promote.records import Outcome
     from components.release.results import TuneResult, Verdict
     from components.release.run_context import RunContext

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from components.release.effect_plot import PLOT_FILE, embedded_image, plot
 from components.release.effects import Effect
-from components.release.promote.records import CanaryResult
+from components.release.promote.records import CanaryResult, PromoteResult
 from components.release.promote.settings import SUMMARY_WINDOW_S
 
 ROUND_HEADER = (
@@ -125,3 +125,9 @@ def write(result: CanaryResult, out_dir: Path | None) -> None:
     text, page = pages(result, out_dir)
     (out_dir / "report.md").write_text(text)
     (out_dir / "report.html").write_text(page)
+
+
+def reverted_by_canary(result: PromoteResult) -> str:
+    """What a person reads when the canary reverted a promotion: its decision (the first problem) and the version
+    every replica serves again."""
+    return f"{result.problems[0]} Every replica was reverted to {result.stable}."

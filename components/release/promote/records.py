@@ -14,7 +14,7 @@ from components.serving.live_metrics import Counts, Histogram
 
 
 class Phase(StrEnum):
-    """A promotion's phases, in order (components/release/promote/promotion.py says what each does)."""
+    """A promotion's phases, in order (components/release/promote/promote.py says what each does)."""
 
     COPY = "copy"
     CANARY = "canary"
@@ -161,3 +161,20 @@ class PromoteResult(Result):
     def stable(self) -> str:
         """The version a revert goes back to, as a person reads it."""
         return f"v{self.previous_version}" if self.previous_version else "no version"
+
+
+class Stop(StrEnum):
+    """What made a promotion revert, or left it unrecorded."""
+
+    CANARY = "canary"  # its decision: a revert that is an outcome, not an error
+    FAILURE = "failure"
+    SIGNAL = "signal"
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a promotion ended: its result (`result.outcome`), what stopped it (None: nothing) and what to tell."""
+
+    result: PromoteResult
+    stopped_by: Stop | None = None
+    said: str = ""

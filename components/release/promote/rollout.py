@@ -1,5 +1,5 @@
 """What promote does to one replica: switch it to the new version (and check its answers), or put it back on
-the stable one. components/release/promote/promotion.py runs these in its phases (`Fleet`).
+the stable one. components/release/promote/promote.py's Promotion runs these in its phases (`Fleet`).
 
 An ensemble switches with its members: members' version N is loaded beside the old one, the ensemble is
 reloaded pinned to N in one step, then the old members are unloaded, so no request runs a mix. Triton swaps a
