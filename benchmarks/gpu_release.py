@@ -2,12 +2,12 @@
 
     python3 benchmarks/gpu_release.py --rate 50000 --out DIR   # the GPU machine: gpu_served_speed.sh release_start
 
-Every step's settings come from the pipeline's parameters (pipelines/kfp_components.py pipeline_settings: compile_target aoti,
+Every step's settings come from the pipeline's parameters (components/release/step_settings.py PIPELINE_STEPS.settings: compile_target aoti,
 precision fp16, compile_device cuda, the gate's request_rate `--rate` and max_p99_ms `--p99-ms`, the quality check's
 eval_data and quality_spec; every other parameter at the pipeline's default), and each step is the function its
 pipeline task calls, in the pipeline's order: export (the sample's `users_v1`, 50,000 items, length 200), compile
 (with the CLI's `--int-mismatch 0.25`: fp16 swaps near-tied neighbours of random weights' top 10, bert4rec.py), publish,
-stage (dark on the gate), quality, tune (at the gate's load, within its p99 limit: TuneSettings.at_gate), gate and
+stage (dark on the gate), quality, tune (at the gate's load, within its p99 limit: TuneSettings.within), gate and
 promote, to two production replicas on the same GPU, neither pinned to CPUs: `summaries` (Triton's p99 latency
 summary on, as the chart's production pods) and `nosummaries` (`latencySummaries: false`). The model's weights are
 random, so the quality data's label is the fp32 eager model's first recommendation: the check is that the served
@@ -52,6 +52,7 @@ from components.release.quality.spec import QualitySettings
 from components.release.run_context import RunContext
 from components.release.stage import read_candidate, stage
 from components.release.step_settings import (
+    PIPELINE_STEPS,
     CompileSettings,
     ExportSettings,
     ModelLoadSettings,
@@ -65,7 +66,6 @@ from components.repository.store import PRODUCTION
 from components.serving import admin_key, perf
 from components.serving.triton_admin import TritonAdmin
 from components.settings import RELAXED_STABILITY_PCT, GateSettings
-from pipelines.kfp_components import pipeline_settings
 from pipelines.samples import bert4rec
 from pipelines.stack import LATENCY_SUMMARIES, EmbeddedStack
 
@@ -216,7 +216,7 @@ def main() -> None:
             "quality_spec": json.dumps(QUALITY_SPEC),
             **json.loads(args.parameters),
         }
-        steps = pipeline_settings(parameters)
+        steps = PIPELINE_STEPS.settings(parameters)
         report["pipeline_parameters"], report["step_settings"] = parameters, steps
         name = f"b4r_{args.size}_aoti"
         t = time.monotonic()

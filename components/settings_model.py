@@ -1,7 +1,7 @@
 """What a step's settings are made of: one pydantic dataclass per step whose fields say their default, bounds
 and help, and the names a person sets them by. The `tritonship` options (pipelines/cli/common.py
-`step_options`), the KFP pipeline's parameters (pipelines/pipeline.py, through
-components/release/step_settings.py `pipeline_parameters`) and their check are made from these alone.
+`step_options`), the KFP pipeline's parameters (pipelines/pipeline.py, from the list of steps `Steps`:
+components/release/step_settings.py `PIPELINE_STEPS`) and their check are made from these alone.
 
 A field a person sets is declared with `setting(...)`; a field without it is the code's own (the gate's
 confidence), and a field marked `flattened()` holds settings of their own whose options are the step's (the
@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_origin
 
 from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
@@ -165,6 +165,49 @@ class StepSettings:
     def from_dict(cls: type[S], whole: dict[str, Any]) -> S:
         """Back from to_dict, checked as where they were built (a whole number may come back as a float)."""
         return cls(**whole)
+
+    def within(self, steps: Mapping[str, StepSettings]) -> StepSettings:
+        """These settings as a run of `steps` (every step's settings, by step) takes them: as they are, unless a
+        step follows another's (tune measures at the gate's load)."""
+        return self
+
+
+class Steps(dict[str, type[StepSettings]]):
+    """A list of steps: each step's settings type by its name in a pipeline, whose settings that are pipeline
+    parameters (`Option.pipeline`) are the pipeline's parameters, with `defaults` where the pipeline's differ."""
+
+    def __init__(self, kinds: Mapping[str, type[StepSettings]], defaults: Mapping[str, Any]) -> None:
+        super().__init__(kinds)
+        self.defaults = dict(defaults)
+
+    def parameters(self) -> dict[str, Option]:
+        """Every step setting that is a pipeline parameter, by its pipeline name, with the pipeline's default. One
+        parameter may feed several steps (load_timeout_s: stage's and promote's)."""
+        found: dict[str, Option] = {}
+        for kind in self.values():
+            for option in kind.options().values():
+                if option.pipeline is None:
+                    continue
+                chosen = dataclasses.replace(option, default=self.defaults.get(option.pipeline, option.default))
+                same = found.setdefault(option.pipeline, chosen)
+                if (same.help, same.default, same.pipeline_kind) != (chosen.help, chosen.default, chosen.pipeline_kind):
+                    raise TypeError(f"the pipeline parameter {option.pipeline} is two different settings")
+        return found
+
+    def settings(self, given: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """The pipeline's parameters (by pipeline name; a missing one takes the pipeline's default) as each step's
+        settings, whole (to_dict: the step's task rebuilds them with from_dict), by step. Every step's are built, so
+        checked: a wrong value fails before anything runs."""
+        parameters = self.parameters()
+        unknown = sorted(set(given) - set(parameters))
+        if unknown:
+            raise SettingsError("pipeline", [f"no parameter named {', '.join(unknown)}"])
+        values = {name: given.get(name, p.default) for name, p in parameters.items()}
+        steps = {
+            step: kind.from_flat(**{o.name: values[o.pipeline] for o in kind.options().values() if o.pipeline})
+            for step, kind in self.items()
+        }
+        return {step: chosen.within(steps).to_dict() for step, chosen in steps.items()}
 
 
 def step_settings(what: str) -> Callable[[type[T]], type[T]]:

@@ -4,73 +4,17 @@ the user's model, are pipelines/kfp_model_components.py's).
 Each imports its step from `components` inside its body: the images (images/versions.yaml) have the project
 installed, and KFP's local runner runs the very same functions here. The wiring is pipelines/pipeline.py."""
 
-import dataclasses
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from kfp import dsl
 from kfp.dsl import HTML, Input, Markdown, Metrics, Model, Output
 
-from components.release.promote.settings import PromoteSettings
-from components.release.publish import PublishSettings
-from components.release.quality.spec import QualitySettings
-from components.release.stage import ModelLoadSettings
-from components.release.step_settings import CompileSettings, ExportSettings
-from components.release.tune.settings import TuneSettings
-from components.settings import PIPELINE_DIFFERENCES, GateSettings
-from components.settings_model import Option, SettingsError, StepSettings
 from pipelines.images import image
 
 
 def step(kind: str):
     """A step's @dsl.component in the `kind` image, which has kfp (images/*.Dockerfile): no pip install per task."""
     return dsl.component(base_image=image(kind), install_kfp_package=False)
-
-
-# The one list of steps: the pipeline's parameters, settings_op's outputs and the steps' settings inputs
-# (pipelines/pipeline.py) are made from it; settings_op hands each task its own settings, by these names.
-PIPELINE_STEPS: dict[str, type[StepSettings]] = {
-    "export": ExportSettings,
-    "compile": CompileSettings,
-    "publish": PublishSettings,
-    "load": ModelLoadSettings,  # stage's
-    "tune": TuneSettings,
-    "quality": QualitySettings,
-    "gate": GateSettings,
-    "promote": PromoteSettings,
-}
-
-
-def pipeline_parameters() -> dict[str, Option]:
-    """Every step setting that is a pipeline parameter, by its pipeline name, with the pipeline's default
-    (components/settings.py PIPELINE_DIFFERENCES). One parameter may feed several steps (load_timeout_s: stage's
-    and promote's)."""
-    found: dict[str, Option] = {}
-    for kind in PIPELINE_STEPS.values():
-        for option in kind.options().values():
-            if option.pipeline is None:
-                continue
-            chosen = dataclasses.replace(option, default=PIPELINE_DIFFERENCES.get(option.pipeline, option.default))
-            same = found.setdefault(option.pipeline, chosen)
-            if (same.help, same.default, same.pipeline_kind) != (chosen.help, chosen.default, chosen.pipeline_kind):
-                raise TypeError(f"the pipeline parameter {option.pipeline} is two different settings")
-    return found
-
-
-def pipeline_settings(given: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The pipeline's parameters (by pipeline name; a missing one takes the pipeline's default) as each task's
-    settings, whole (to_dict: the task rebuilds them with from_dict), by step; every step's are built, so checked:
-    a wrong value fails before anything runs. Tune measures at the gate's load, within its p99 limit."""
-    parameters = pipeline_parameters()
-    unknown = sorted(set(given) - set(parameters))
-    if unknown:
-        raise SettingsError("pipeline", [f"no parameter named {', '.join(unknown)}"])
-    values = {name: given.get(name, p.default) for name, p in parameters.items()}
-    steps: dict[str, Any] = {
-        step: kind.from_flat(**{o.name: values[o.pipeline] for o in kind.options().values() if o.pipeline})
-        for step, kind in PIPELINE_STEPS.items()
-    }
-    steps["tune"] = steps["tune"].at_gate(steps["gate"])
-    return {step: chosen.to_dict() for step, chosen in steps.items()}
 
 
 @step("tools")
@@ -239,9 +183,9 @@ def settings_op(parameters: dict, quality_spec: str = "") -> NamedTuple(
     unescaped, so a spec's quotes or line breaks would break the task's input."""
     from collections import namedtuple
 
-    from pipelines.kfp_components import pipeline_settings
+    from components.release.step_settings import PIPELINE_STEPS
 
-    steps = pipeline_settings({**parameters, "quality_spec": quality_spec})
+    steps = PIPELINE_STEPS.settings({**parameters, "quality_spec": quality_spec})
     return namedtuple("Steps", list(steps))(**steps)
 
 

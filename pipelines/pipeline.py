@@ -13,13 +13,12 @@ from typing import Any
 from kfp import dsl, kubernetes
 from kfp.dsl import Input, Model
 
+from components.release.step_settings import PIPELINE_STEPS
 from components.serving import admin_key
 from pipelines.kfp_components import (
-    PIPELINE_STEPS,
     calibrate_op,
     finish_release_op,
     gate_op,
-    pipeline_parameters,
     promote_op,
     publish_op,
     quality_op,
@@ -30,7 +29,7 @@ from pipelines.kfp_components import (
 )
 from pipelines.kfp_model_components import compile_op, export_op
 
-STEP = pipeline_parameters()  # every step setting that is a pipeline parameter, by its name there
+STEP = PIPELINE_STEPS.parameters()  # every step setting that is a pipeline parameter, by its name there
 MODEL_STEPS = ("export", "compile")  # the tasks that take the user's model, before release_steps
 # release_steps' tasks' settings, by settings_op's outputs
 RELEASE_STEPS = tuple(step for step in PIPELINE_STEPS if step not in MODEL_STEPS)

@@ -118,7 +118,7 @@ def release(stack: EmbeddedStack, folder: Path, settings: GateSettings = TEST_GA
 
 def quick_gate_settings() -> dict:
     """The gate settings settings_op hands the pipeline's gate task (whole, as to_dict), with 250 ms windows."""
-    from pipelines.kfp_components import pipeline_settings
+    from components.release.step_settings import PIPELINE_STEPS
 
-    chosen = GateSettings.from_dict(pipeline_settings({})["gate"])
+    chosen = GateSettings.from_dict(PIPELINE_STEPS.settings({})["gate"])
     return dataclasses.replace(chosen, load=dataclasses.replace(chosen.load, window_ms=250)).to_dict()

@@ -14,12 +14,13 @@ from components.release.publish import publish
 from components.release.results import StageResult, TuneResult
 from components.release.run_context import RunContext
 from components.release.stage import unload_candidate
+from components.release.step_settings import PIPELINE_STEPS
 from components.release.tune.tune import default_settings
 from components.repository import ModelRepository, lease_owner
 from components.repository.store import STAGING as STAGING_PREFIX
 from components.serving.triton_admin import TritonAdmin
 from components.settings import DEFAULT_GATE_LEASE_S, DEFAULT_GATE_POLL_S
-from pipelines.kfp_components import gate_op, pipeline_settings, stage_op
+from pipelines.kfp_components import gate_op, stage_op
 from pipelines.stack import PRODUCTION_PREFIX
 from tests.clocks import StepClock
 from tests.models import mlp_folder
@@ -109,7 +110,7 @@ def test_with_several_gate_servers_each_release_stages_on_a_free_one_and_measure
         version = publish(
             RunContext(repository(stack), "", s3=stack.s3), folder=mlp_folder(tmp_path / name, name)
         ).version
-        settings = pipeline_settings({})["load"]
+        settings = PIPELINE_STEPS.settings({})["load"]
         return StageResult.from_json(
             stage_op.python_func(repository(stack), name, version, spec, stack.s3.endpoint_url, "", settings)
         )

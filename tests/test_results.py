@@ -216,7 +216,8 @@ def test_the_gate_report_says_each_limits_figure_once_beside_its_plot(case, tmp_
 
 def test_the_pipelines_canary_report_is_the_clis_with_its_plot(tmp_path, monkeypatch):
     from components.release.promote import canary_report, promote
-    from pipelines.kfp_components import pipeline_settings, promote_op
+    from components.release.step_settings import PIPELINE_STEPS
+    from pipelines.kfp_components import promote_op
 
     beyond = Effect("mean latency", 0.25, 0.12, 0.38, 0.10, True, "%")
     side = Side(400, 0, 2.5, None)
@@ -253,7 +254,7 @@ def test_the_pipelines_canary_report_is_the_clis_with_its_plot(tmp_path, monkeyp
         tuning_json=TuneResult("m", 3, default, default, None, 1).to_json(),
         s3_endpoint="http://s3:9000",
         run_id="run",
-        settings=pipeline_settings({})["promote"],
+        settings=PIPELINE_STEPS.settings({})["promote"],
         report=report,
         report_html=report_html,
     )

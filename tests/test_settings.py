@@ -19,13 +19,18 @@ from typer.testing import CliRunner
 from components import settings
 from components.release.promote.settings import CanarySettings, PromoteSettings
 from components.release.stage import ModelLoadSettings
-from components.release.step_settings import COMMANDS, CompileSettings, ExportSettings, PublishSettings
+from components.release.step_settings import (
+    COMMANDS,
+    PIPELINE_STEPS,
+    CompileSettings,
+    ExportSettings,
+    PublishSettings,
+)
 from components.release.tune.settings import TuneSettings
 from components.repository.maintenance_settings import RepoGcSettings
 from components.settings import GateSettings, LoadSettings, Thresholds
 from components.settings_model import SettingsError
 from pipelines.cli import app
-from pipelines.kfp_components import PIPELINE_STEPS, pipeline_parameters, pipeline_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILED = ROOT / "pipelines" / "release_pipeline.yaml"
@@ -76,7 +81,7 @@ def test_the_pipelines_parameters_are_the_settings_options_by_construction():
 
     signature = inspect.signature(release_pipeline.pipeline_func).parameters
     compiled = _compiled()["root"]["inputDefinitions"]["parameters"]
-    made = pipeline_parameters()
+    made = PIPELINE_STEPS.parameters()
     assert set(signature) == set(compiled) == WIRING | set(made)
     for name, parameter in made.items():
         assert signature[name].default == compiled[name].get("defaultValue") == parameter.default, name
@@ -87,12 +92,12 @@ def test_the_pipelines_parameters_are_the_settings_options_by_construction():
 
 def test_the_pipeline_differs_from_the_cli_only_where_it_says_so():
     options = {o.pipeline: o for kind in PIPELINE_STEPS.values() for o in kind.options().values() if o.pipeline}
-    differing = {n for n, p in pipeline_parameters().items() if p.default != options[n].default}
+    differing = {n for n, p in PIPELINE_STEPS.parameters().items() if p.default != options[n].default}
     assert differing == set(settings.PIPELINE_DIFFERENCES) == {"compile_target", "precision", "compile_device"}
 
 
 def test_the_pipelines_settings_are_checked_before_anything_runs_and_reach_each_step():
-    steps = pipeline_settings({"tune_budget": "4", "export_method": "trace", "max_p99_ms": 5, "concurrency": 2})
+    steps = PIPELINE_STEPS.settings({"tune_budget": "4", "export_method": "trace", "max_p99_ms": 5, "concurrency": 2})
     assert set(steps) == set(PIPELINE_STEPS)
     assert ExportSettings.from_dict(steps["export"]).method == "trace"
     assert CompileSettings.from_dict(steps["compile"]).target == settings.PIPELINE_TARGET
@@ -108,15 +113,15 @@ def test_the_pipelines_settings_are_checked_before_anything_runs_and_reach_each_
 def test_each_steps_settings_pass_as_a_kfp_dict_parameter_and_come_back_the_same():
     from kfp.compiler.pipeline_spec_builder import to_protobuf_value
 
-    for step, whole in pipeline_settings({}).items():
+    for step, whole in PIPELINE_STEPS.settings({}).items():
         to_protobuf_value(whole)  # as KFP hands a task its input: it refuses None inside a dict
         assert PIPELINE_STEPS[step].from_dict(whole).to_dict() == whole
     unset = GateSettings()  # settings that are None by default (no p99 limit, no fixed rate) travel as defaults
     assert "max_p99_ms" not in unset.to_dict()["thresholds"] and GateSettings.from_dict(unset.to_dict()) == unset
     with pytest.raises(SettingsError, match="instance_counts must be whole numbers"):
-        pipeline_settings({"tune_instance_counts": "2,0"})
+        PIPELINE_STEPS.settings({"tune_instance_counts": "2,0"})
     with pytest.raises(SettingsError, match="no parameter named rounds"):
-        pipeline_settings({"rounds": 3})
+        PIPELINE_STEPS.settings({"rounds": 3})
 
 
 @pytest.mark.parametrize(
@@ -130,7 +135,7 @@ def test_each_steps_settings_pass_as_a_kfp_dict_parameter_and_come_back_the_same
     ],
 )
 def test_each_task_gets_only_its_own_steps_settings_so_kfp_caches_the_rest(changed, steps):
-    before, after = pipeline_settings({}), pipeline_settings(changed)
+    before, after = PIPELINE_STEPS.settings({}), PIPELINE_STEPS.settings(changed)
     assert {step for step in before if before[step] != after[step]} == steps
 
 
@@ -213,7 +218,7 @@ def test_no_step_option_is_declared_anywhere_but_its_settings_type():
             if isinstance(call, ast.Call) and ast.unparse(call.func) == "typer.Option":
                 said = {a.value for a in call.args if isinstance(a, ast.Constant)} & flags
                 problems += [f"{path.name}:{call.lineno} declares the option {f}" for f in sorted(said)]
-    parameters = set(pipeline_parameters())
+    parameters = set(PIPELINE_STEPS.parameters())
     for name in ("pipeline.py", "kfp_components.py", "kfp_model_components.py"):
         tree = ast.parse((ROOT / "pipelines" / name).read_text())
         for function in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):

@@ -16,8 +16,8 @@ from components.release.promote import promote as promote_step
 from components.release.promote.records import PromoteResult
 from components.release.results import TuneResult, Verdict
 from components.release.run_context import RunContext
+from components.release.step_settings import PIPELINE_STEPS
 from components.release.tune.settings import TuneSettings
-from pipelines.kfp_components import pipeline_settings
 
 MODEL, VERSION = "m", 3
 REPLICAS, GATE = "prod-0:8000,prod-1:8000", "gate:8000"
@@ -64,7 +64,7 @@ def test_promote_and_reject_are_called_alike_by_their_command_and_their_task(tmp
             verdict_json=verdict.to_json(),
             tuning_json=tuning.to_json(),
             run_id="run",
-            settings=pipeline_settings({})["promote"],
+            settings=PIPELINE_STEPS.settings({})["promote"],
             **reports,
         )
     else:
@@ -124,7 +124,7 @@ def test_the_measuring_steps_are_called_alike_by_their_command_and_their_task(tm
     (tmp_path / "quality.json").write_text(judged.to_json())
     (tmp_path / "eval.npz").write_bytes(b"")
     spec = '{"metrics": [{"metric": "hit_rate", "k": 10, "output": "topk", "label": "item"}]}'
-    settings = pipeline_settings({"eval_data": str(tmp_path / "eval.npz"), "quality_spec": spec})
+    settings = PIPELINE_STEPS.settings({"eval_data": str(tmp_path / "eval.npz"), "quality_spec": spec})
     calls: list[tuple[Any, ...]] = []
     where = ("-r", "s3://b", "--model", MODEL, "--version", str(VERSION), "--gate", GATE)
     task: dict[str, Any] = {

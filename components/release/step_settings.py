@@ -1,6 +1,6 @@
-"""The model steps' settings, and which settings type each `tritonship` command takes (the gate's is
-components/settings.py's; publish's, stage's, tune's, quality's and promote's are beside their steps; the pipeline's
-list of steps is pipelines/kfp_components.py's PIPELINE_STEPS). A settings type per step has named defaults, is
+"""The model steps' settings, and the one list of steps: which settings type each command and each pipeline task
+takes (the gate's is components/settings.py's; publish's, stage's, tune's, quality's and promote's are beside their
+steps). A settings type per step has named defaults, is
 validated where it is built, and its fields are the step's `tritonship` options and the pipeline's parameters
 (components/settings_model.py says how).
 
@@ -27,6 +27,7 @@ from components.settings import (
     DEFAULT_TARGET,
     DEFAULT_TENSORRT_OPT_BATCH,
     DEFAULT_TENSORRT_WORKSPACE_GB,
+    PIPELINE_DIFFERENCES,
     TOOLS_IMAGE,
     ExportMethod,
     GateSettings,
@@ -34,6 +35,7 @@ from components.settings import (
     Target,
 )
 from components.settings_model import (
+    Steps,
     StepSettings,
     refuse,
     setting,
@@ -157,3 +159,19 @@ COMMANDS: dict[tuple[str, ...], type[StepSettings]] = {
     ("repo", "gc"): RepoGcSettings,
     ("lease", "release"): LeaseReleaseSettings,
 }
+# The pipeline's tasks' settings, made from the pipeline's parameters (PIPELINE_STEPS.parameters(), with the pipeline's
+# defaults: components/settings.py PIPELINE_DIFFERENCES); settings_op (pipelines/kfp_components.py) hands each task
+# its own, by these names.
+PIPELINE_STEPS = Steps(
+    {
+        "export": ExportSettings,
+        "compile": CompileSettings,
+        "publish": PublishSettings,
+        "load": ModelLoadSettings,  # stage's
+        "tune": TuneSettings,  # at the gate's load, within its p99 limit (TuneSettings.within)
+        "quality": QualitySettings,
+        "gate": GateSettings,
+        "promote": PromoteSettings,
+    },
+    defaults=PIPELINE_DIFFERENCES,
+)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Annotated
 
 from pydantic import Field
@@ -30,7 +31,7 @@ class TuneSettings(StepSettings):
     load: LoadSettings = flattened(
         lambda: LoadSettings(concurrency=DEFAULT_CONCURRENCY, stability_pct=RELAXED_STABILITY_PCT)
     )
-    # the pipeline tunes at the gate's load and within its p99 limit (at_gate); by hand they are set here
+    # the pipeline tunes at the gate's load and within its p99 limit (within); by hand they are set here
     max_p99_ms: Annotated[Off, setting("p99 limit, ms; 0: the default settings' p99 plus the slack", pipeline=None)] = (
         None
     )
@@ -80,6 +81,9 @@ class TuneSettings(StepSettings):
         ),
     ] = True
 
-    def at_gate(self, gate: GateSettings) -> TuneSettings:
-        """Tuned as the pipeline tunes: at the gate's load, within its p99 limit."""
+    def within(self, steps: Mapping[str, StepSettings]) -> TuneSettings:
+        """Tuned as the pipeline tunes, in a run with a gate step: at the gate's load, within its p99 limit."""
+        gate = steps.get("gate")
+        if not isinstance(gate, GateSettings):
+            return self
         return dataclasses.replace(self, load=gate.load, max_p99_ms=gate.thresholds.max_p99_ms)
