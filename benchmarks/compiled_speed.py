@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.model.compile import compile_model
 from components.model.export import export
+from components.model.settings import CompileSettings
 from components.model.signature import Signature
 from tests.models import MODELS, write_signature
 
@@ -62,7 +63,7 @@ def main() -> None:
             eager = getattr(importlib.import_module(module), attr)().eval().to(device)
             for precision in precisions:
                 out = tmp_path / f"{key}-{precision}"
-                result = compile_model(export_dir, out, key, precision=precision, device=device)
+                result = compile_model(export_dir, out, key, CompileSettings(precision=precision, device=device))
                 compiled = torch.jit.load(str(out / "1" / "model.pt"), map_location=device)
                 for batch in (1, signature.max_batch_size):
                     inputs = [torch.from_numpy(a).to(device) for a in signature.example_inputs(batch).values()]

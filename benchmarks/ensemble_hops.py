@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.served_points import step_breakdown
+from components.model.settings import CompileSettings
 from components.serving import perf
 from components.serving.triton_admin import TritonAdmin
 from pipelines.samples import bert4rec
@@ -68,23 +69,20 @@ def main() -> None:
     users = args.size == "users"
     size = bert4rec.USERS if users else bert4rec.DEMO
     tolerance = bert4rec.USERS_FP16_TOLERANCE if users and args.precision == "fp16" else None
+    chosen = CompileSettings(
+        precision=args.precision, device=args.device, int_mismatch=tolerance.int_mismatch if tolerance else None
+    )
     forms = {"ensemble": "hops", "compiled steps": "hopsc", "folded": "hops_folded"}
     report: dict = {"command": " ".join(sys.argv), "torch": torch.__version__, "cpus": os.cpu_count(), "rows": []}
     with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=1) as stack:
         tmp_path = Path(tmp)
         factory = "users_v1" if users else "bert4rec_v1"
         bundles = [
-            bert4rec_build.build_bundle(
-                tmp_path / name, factory, name, args.device, args.precision, tolerance, compiled
-            )
+            bert4rec_build.build_bundle(tmp_path / name, factory, name, chosen, compiled)
             for name, compiled in (("hops", False), ("hopsc", True))
         ]
         folded = bert4rec_build.build_folded(
-            tmp_path / "hops_folded",
-            "users_folded_v1" if users else "folded_v1",
-            args.device,
-            args.precision,
-            tolerance,
+            tmp_path / "hops_folded", "users_folded_v1" if users else "folded_v1", chosen
         )
         server = stack.replicas[0]
         histories = bert4rec.histories(64, seed=3, size=size)

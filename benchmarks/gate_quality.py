@@ -62,14 +62,14 @@ def gpu_model(tmp_path: Path) -> Path:
     served by Triton's PyTorch backend on a KIND_GPU instance."""
     from components.model.compile import compile_model
     from components.model.export import export
+    from components.model.settings import CompileSettings
     from pipelines.samples import bert4rec
 
     (tmp_path / "sig.json").write_text(json.dumps(bert4rec.USERS.signatures()["model"]))
     export("pipelines.samples.bert4rec:users_v1", tmp_path / "sig.json", tmp_path / "export")
     compiled = tmp_path / "gpu" / MODEL
-    compile_model(
-        tmp_path / "export", compiled, MODEL, precision="fp16", device="cuda", tolerance=bert4rec.USERS_FP16_TOLERANCE
-    )
+    fp16 = CompileSettings(precision="fp16", device="cuda", int_mismatch=bert4rec.USERS_FP16_TOLERANCE.int_mismatch)
+    compile_model(tmp_path / "export", compiled, MODEL, fp16)
     return compiled
 
 

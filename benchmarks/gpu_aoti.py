@@ -48,6 +48,7 @@ from benchmarks.model_floor import eager, operations
 from benchmarks.served_points import best_within, sweep
 from components.model import aoti, model_folder
 from components.model.model_config import AOTI_PLATFORM, ServingSettings
+from components.model.settings import CompileSettings
 from components.release.publish import PublishSettings, publish
 from components.release.run_context import RunContext
 from components.release.stage import read_candidate, stage
@@ -77,13 +78,14 @@ METRICS = {"summaries": ("summary_latencies=true",), "p99": LATENCY_SUMMARIES, "
 def build(work: Path, size: str, release: str, target: str, device: str, precision: str) -> model_folder.ModelFolder:
     factory = FACTORIES[size, release]
     users_fp16 = size == "users" and precision == "fp16"
-    tolerance = bert4rec.USERS_FP16_TOLERANCE if users_fp16 else None
+    int_mismatch = bert4rec.USERS_FP16_TOLERANCE.int_mismatch if users_fp16 else None
+    chosen = CompileSettings(target=target, precision=precision, device=device, int_mismatch=int_mismatch)
     out = work / f"b4r_{release}_{target}"
     if release == "folded":
-        bert4rec_build.build_folded(out, factory, device, precision, tolerance, target)
+        bert4rec_build.build_folded(out, factory, chosen)
     else:
         signature = getattr(bert4rec, factory)().size.signatures()["model"]
-        bert4rec_build.compiled_folder(factory, signature, out, device, precision, tolerance, target=target)
+        bert4rec_build.compiled_folder(factory, signature, out, chosen)
     return model_folder.read(out)
 
 

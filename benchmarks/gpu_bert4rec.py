@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.served_points import WINDOW_MS, best_within, plain_model_ms, sweep
 from components.model import ensemble, model_folder
 from components.model.model_config import ServingSettings, with_settings
+from components.model.settings import CompileSettings
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote
 from components.release.promote.settings import PromoteSettings
@@ -242,15 +243,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedStack(replicas=1, gate=True, locked_apis=locked) as stack:
         repo_uri = f"s3://{stack.bucket}"
         t = time.monotonic()
-        tolerance = bert4rec.USERS_FP16_TOLERANCE if args.precision == "fp16" and args.size == "users" else None
+        users_fp16 = args.precision == "fp16" and args.size == "users"
+        int_mismatch = bert4rec.USERS_FP16_TOLERANCE.int_mismatch if users_fp16 else None
+        chosen = CompileSettings(precision=args.precision, device=args.device, int_mismatch=int_mismatch)
         if folded:
-            bundle = bert4rec_build.build_folded(Path(tmp) / name, factory, args.device, args.precision, tolerance)
+            bundle = bert4rec_build.build_folded(Path(tmp) / name, factory, chosen)
         else:
             compiled_steps = args.steps == "torchscript"
-            bundle = bert4rec_build.build_bundle(
-                Path(tmp) / "bundle", factory, name, args.device, args.precision, tolerance, compiled_steps,
-                target=args.model_target,
-            )  # fmt: skip
+            model = dataclasses.replace(chosen, target=args.model_target)
+            bundle = bert4rec_build.build_bundle(Path(tmp) / "bundle", factory, name, model, compiled_steps)
         report["build_seconds"] = time.monotonic() - t
         compiled = model_folder.read(bundle if folded else bundle / f"{name}_model")
         plain = compiled.version_dir / model_folder.MODEL_FILE  # a package has none (benchmarks/gpu_aoti.py times it)

@@ -44,6 +44,7 @@ from benchmarks.served_points import best_within, cores_busy, gpu_sampler, step_
 from components.model.compile import compile_model
 from components.model.export import export
 from components.model.model_config import ServingSettings
+from components.model.settings import CompileSettings, ExportSettings
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote
 from components.release.publish import publish
@@ -53,8 +54,6 @@ from components.release.run_context import RunContext
 from components.release.stage import read_candidate, stage
 from components.release.step_settings import (
     PIPELINE_STEPS,
-    CompileSettings,
-    ExportSettings,
     ModelLoadSettings,
     PromoteSettings,
     PublishSettings,
@@ -220,19 +219,13 @@ def main() -> None:
         report["pipeline_parameters"], report["step_settings"] = parameters, steps
         name = f"b4r_{args.size}_aoti"
         t = time.monotonic()
-        chosen_export = ExportSettings.from_dict(steps["export"])
         (work / "signature.json").write_text(json.dumps(size.signatures()["model"]))
-        export(
-            f"pipelines.samples.bert4rec:{factory}",
-            work / "signature.json",
-            work / "export",
-            samples=chosen_export.golden_samples,
-            method=chosen_export.method,
-        )
+        chosen_export = ExportSettings.from_dict(steps["export"])
+        export(f"pipelines.samples.bert4rec:{factory}", work / "signature.json", work / "export", chosen_export)
         phase("export", t)
         t = time.monotonic()
         compiled = CompileSettings.from_dict({**steps["compile"], "int_mismatch": 0.25})
-        result = compile_model(work / "export", work / name, name, **compiled.step_arguments())
+        result = compile_model(work / "export", work / name, name, compiled)
         report["compile"] = {"seconds": result.seconds, "parity": [dataclasses.asdict(r) for r in result.parity]}
         phase("compile", t)
         t = time.monotonic()

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.compiled_speed import median_ms
 from components.model import model_folder
+from components.model.settings import CompileSettings
 from pipelines.samples import bert4rec
 from pipelines.samples.bert4rec import build as bert4rec_build
 
@@ -39,10 +40,10 @@ SIZES = {"users": bert4rec.USERS, "demo": bert4rec.DEMO}
 
 def compiled(factory: str, size: bert4rec.Size, device: str, precision: str, work: Path) -> torch.nn.Module:
     """The sample's `factory` through the export and compile steps: the model.pt the PyTorch backend loads."""
-    tolerance = bert4rec.USERS_FP16_TOLERANCE if size == bert4rec.USERS and precision == "fp16" else None
-    folder = bert4rec_build.compiled_folder(
-        factory, size.signatures()["model"], work / "model", device, precision, tolerance
-    )
+    users_fp16 = size == bert4rec.USERS and precision == "fp16"
+    int_mismatch = bert4rec.USERS_FP16_TOLERANCE.int_mismatch if users_fp16 else None
+    chosen = CompileSettings(precision=precision, device=device, int_mismatch=int_mismatch)
+    folder = bert4rec_build.compiled_folder(factory, size.signatures()["model"], work / "model", chosen)
     return torch.jit.load(str(model_folder.read(folder).version_dir / model_folder.MODEL_FILE), device)
 
 

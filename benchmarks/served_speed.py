@@ -38,6 +38,7 @@ from components.model.compile import compile_model
 from components.model.export import export
 from components.model.model_folder import load_golden
 from components.model.parity import Tolerance
+from components.model.settings import CompileSettings
 from components.serving import perf
 from components.serving.triton_admin import TritonAdmin
 from pipelines import sample_models
@@ -105,9 +106,8 @@ def main() -> None:
             if not (tmp_path / f"{factory}-export").exists():
                 export(f"{module}:{factory}", tmp_path / "sig.yaml", tmp_path / f"{factory}-export")
             compiled = tmp_path / f"ts_{factory}_{precision}"
-            compile_model(
-                tmp_path / f"{factory}-export", compiled, compiled.name, precision=precision, device=args.device
-            )
+            chosen = CompileSettings(precision=precision, device=args.device)
+            compile_model(tmp_path / f"{factory}-export", compiled, compiled.name, chosen)
             golden, expected = load_golden(compiled / "1" / "golden.npz")
             data = perf.write_input_data(golden, tmp_path / "input.json", batched=True)
             folders = {form: form_folder(form, compiled, tmp_path, f"{module}:{factory}", precision) for form in forms}

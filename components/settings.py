@@ -1,10 +1,11 @@
 """Every step's named defaults, and the gate's settings.
 
-Each default is named once here and read by the step, its settings type (the gate's below; the others' in
-components/release/step_settings.py, and beside each release room's step: stage.py, tune/settings.py,
-quality/spec.py, promote/settings.py; and components/repository/maintenance_settings.py) and so by the `tritonship` options and the KFP pipeline's
-parameters, which are made from the settings types (components/settings_model.py says how). A limit or rate of
-0 is off, in every form (None is off too, from Python)."""
+Each default is named once here and read by the step, its settings type (the gate's below; export's and compile's
+in components/model/settings.py; the others' beside each release room's step: publish.py, stage.py,
+tune/settings.py, quality/spec.py, promote/settings.py; and components/repository/maintenance_settings.py) and so
+by the `tritonship` options and the KFP pipeline's parameters, which are made from the settings types
+(components/settings_model.py says how). A limit or rate of 0 is off, in every form (None is off too, from
+Python)."""
 
 from __future__ import annotations
 

@@ -15,19 +15,11 @@ def export_op(model_source: str, checkpoint: str, signature: str, settings: dict
 
     from components.errors import refused_in_one_sentence
     from components.model.export_task import export_in_task
-    from components.release.step_settings import ExportSettings
+    from components.model.settings import ExportSettings
 
     chosen = ExportSettings.from_dict(settings)
     with refused_in_one_sentence():
-        result = export_in_task(
-            model_source,
-            signature,
-            Path(exported.path),
-            checkpoint or None,
-            chosen.golden_samples,
-            chosen.method,
-            chosen.model_packages,
-        )
+        result = export_in_task(model_source, signature, Path(exported.path), chosen, checkpoint or None)
     exported.metadata.update({"method": result.method, "fallback_reason": result.fallback_reason or ""})
 
 
@@ -42,20 +34,12 @@ def export_trained_op(
 
     from components.errors import refused_in_one_sentence
     from components.model.export_task import export_in_task
-    from components.release.step_settings import ExportSettings
+    from components.model.settings import ExportSettings
 
     chosen = ExportSettings.from_dict(settings)
     model, checkpoint = (model_source, trained.path) if model_source else (trained.path, None)
     with refused_in_one_sentence():
-        result = export_in_task(
-            model,
-            signature,
-            Path(exported.path),
-            checkpoint,
-            chosen.golden_samples,
-            chosen.method,
-            chosen.model_packages,
-        )
+        result = export_in_task(model, signature, Path(exported.path), chosen, checkpoint)
     exported.metadata.update({"method": result.method, "fallback_reason": result.fallback_reason or ""})
 
 
@@ -72,11 +56,11 @@ def compile_op(
 
     from components.errors import refused_in_one_sentence
     from components.model.compile import compile_model
-    from components.release.step_settings import CompileSettings
+    from components.model.settings import CompileSettings
 
     chosen = CompileSettings.from_dict(settings)
     with refused_in_one_sentence():
-        result = compile_model(Path(exported.path), Path(compiled.path), model_name, **chosen.step_arguments())
+        result = compile_model(Path(exported.path), Path(compiled.path), model_name, chosen)
     for row in result.parity:
         parity.log_metric(f"{row.name}.{row.check}.max_abs_err", row.max_abs_err)
     parity.log_metric("compile_seconds", round(result.seconds, 3))

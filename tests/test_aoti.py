@@ -20,6 +20,7 @@ from components.model.compile import CompileError, compile_model
 from components.model.export import export, read_export
 from components.model.model_config import ServingSettings
 from components.model.parity import Tolerance
+from components.model.settings import CompileSettings, ExportSettings
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote
 from components.release.publish import PublishError, PublishSettings, publish
@@ -49,7 +50,7 @@ def _aoti_folder(tmp_path: Path, key: str, precision: str = "fp32", device: str 
     export_dir = tmp_path / f"{key}-export"
     export(factory, write_signature(tmp_path / f"{key}.yaml", signature), export_dir)
     name = unique(f"aoti_{key}_")
-    compile_model(export_dir, tmp_path / name, name, target="aoti", precision=precision, device=device)
+    compile_model(export_dir, tmp_path / name, name, CompileSettings(target="aoti", precision=precision, device=device))
     return export_dir, tmp_path / name
 
 
@@ -310,9 +311,11 @@ def test_the_same_torch_with_another_build_tag_is_accepted(tmp_path):
 
 def test_a_model_that_fell_back_to_torchscript_is_refused_by_the_aoti_target_in_one_sentence(tmp_path):
     factory, signature = MODELS["mlp"]
-    export(factory, write_signature(tmp_path / "s.yaml", signature), tmp_path / "export", method="trace")
+    export(
+        factory, write_signature(tmp_path / "s.yaml", signature), tmp_path / "export", ExportSettings(method="trace")
+    )
     with pytest.raises(CompileError) as info:
-        compile_model(tmp_path / "export", tmp_path / "out", "m", target="aoti")
+        compile_model(tmp_path / "export", tmp_path / "out", "m", CompileSettings(target="aoti"))
     assert "the aoti target compiles a torch.export program" in str(info.value)
     assert "--target torchscript" in str(info.value) and not (tmp_path / "out").exists()
 

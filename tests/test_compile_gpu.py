@@ -11,7 +11,9 @@ from components.model import model_config, model_folder, trace_retarget
 from components.model.compile import CompileError, GpuServing, compile_model, tensorrt_compile_settings
 from components.model.export import read_export
 from components.model.parity import Tolerance
+from components.model.settings import CompileSettings
 from components.model.signature import Signature
+from components.settings_model import SettingsError
 from tests.compile_helpers import assert_served_like_eager, export_sample
 from tests.models import RECOMMENDER_SIGNATURE
 
@@ -56,7 +58,7 @@ def test_tensorrt_target_without_cuda_or_torch_tensorrt_names_the_missing_piece(
     with pytest.raises(
         CompileError, match=r"Torch-TensorRT \(torch_tensorrt\) is not installed|needs a CUDA GPU"
     ) as info:
-        compile_model(export_dir, tmp_path / "out", "trt", target="tensorrt")
+        compile_model(export_dir, tmp_path / "out", "trt", CompileSettings(target="tensorrt"))
     assert "compile image" in str(info.value)
     assert not (tmp_path / "out").exists()
 
@@ -68,7 +70,8 @@ def test_tensorrt_compile_on_gpu(key, precision, tmp_path):
     """The GPU sibling of test_tensorrt_builds_one_profile_from_each_dynamic_dimensions_declared_range."""
     pytest.importorskip("torch_tensorrt")
     export_dir = export_sample(tmp_path, key)
-    result = compile_model(export_dir, tmp_path / "out", key, target="tensorrt", precision=precision, device="cuda")
+    chosen = CompileSettings(target="tensorrt", precision=precision, device="cuda")
+    result = compile_model(export_dir, tmp_path / "out", key, chosen)
     assert all(r.passed for r in result.parity)
     if key == "target_index":  # parity held at the profile's min, opt and max length
         assert {c.split("(")[-1] for c in (r.check for r in result.parity) if "(" in c} == {"min)", "opt)", "max)"}
@@ -83,7 +86,7 @@ def test_tensorrt_compile_on_gpu(key, precision, tmp_path):
 def test_cuda_torchscript_passes_parity(key, precision, tmp_path):
     """The GPU sibling of test_model_exports_compiles_and_triton_answers_like_eager (CPU)."""
     export_dir = export_sample(tmp_path, key)
-    result = compile_model(export_dir, tmp_path / "out", key, precision=precision, device="cuda")
+    result = compile_model(export_dir, tmp_path / "out", key, CompileSettings(precision=precision, device="cuda"))
     assert all(r.passed for r in result.parity)
     folder = model_folder.read(tmp_path / "out")
     assert folder.fingerprint()["gpu"]
@@ -118,16 +121,19 @@ def test_the_pytorch_backend_serves_cuda_torchscript_on_a_gpu_instance(precision
     """The GPU sibling of test_model_exports_compiles_and_triton_answers_like_eager: the embedded
     Triton's PyTorch backend (its GPU build) runs the CUDA model.pt on the GPU its KIND_GPU instance is given."""
     name = f"gpu_cnn_{precision}"
-    compile_model(export_sample(tmp_path, "cnn"), tmp_path / name, name, precision=precision, device="cuda")
+    chosen = CompileSettings(precision=precision, device="cuda")
+    compile_model(export_sample(tmp_path, "cnn"), tmp_path / name, name, chosen)
     folder = model_folder.read(tmp_path / name)
     assert folder.config.instance_group[0].kind == model_config.mc.ModelInstanceGroup.KIND_GPU
     assert_served_like_eager(stack, s3, folder, Tolerance.for_precision(precision))
 
 
-def test_fp16_is_refused_on_the_cpu(tmp_path):
-    export_dir = export_sample(tmp_path, "mlp")
-    with pytest.raises(CompileError, match="needs a CUDA device"):
-        compile_model(export_dir, tmp_path / "out", "m", precision="fp16")
+def test_fp16_is_refused_on_the_cpu():
+    """Refused where the compile step's settings are built, before anything is compiled."""
+    with pytest.raises(
+        SettingsError, match="precision fp16 with target torchscript compiles on CUDA: give device cuda"
+    ):
+        CompileSettings(precision="fp16")
 
 
 def test_a_trace_made_on_the_cpu_in_fp32_is_pointed_at_the_compile_device_and_precision(tmp_path):

@@ -14,6 +14,7 @@ import pytest
 from components.model.ensemble import EnsembleError, ensemble_config, read_bundle, with_serving_settings
 from components.model.model_config import ServingSettings
 from components.model.model_folder import load_golden
+from components.model.settings import CompileSettings
 from components.release.gate.gate import gate
 from components.release.promote.promote import promote, reject
 from components.release.promote.reconcile import reconcile
@@ -239,7 +240,7 @@ def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, steps, tmp
     release with the model on a KIND_GPU instance (the lent GPU machine)."""
     name = unique("b4r")
     bundle = bert4rec_build.build_bundle(
-        tmp_path / "bundle", name=name, device=device, compiled_steps=steps == "torchscript"
+        tmp_path / "bundle", name=name, settings=CompileSettings(device=device), compiled_steps=steps == "torchscript"
     )
     repo_uri = repository(stack)
     version = publish(RunContext(repo_uri, "", s3=stack.s3), folder=bundle).version

@@ -18,6 +18,7 @@ from components.model import model_config, model_folder
 from components.model.compile import ParityError, compile_model
 from components.model.export import ExportError, export, read_export
 from components.model.parity import Tolerance, compare
+from components.model.settings import CompileSettings
 from components.model.signature import POINTS, Signature, SignatureError
 from tests.compile_helpers import assert_served_like_eager, export_sample
 from tests.models import (
@@ -104,7 +105,16 @@ def test_compiled_model_that_differs_from_eager_fails_parity_and_writes_nothing(
         compile_model(export_dir, tmp_path / "out", "planted")
     message = str(info.value)
     assert "does not match the eager model" in message and "FAIL" in message and "y " in message
+    assert "(atol 0.0001, rtol 0.0001, integer mismatch 0%)" in message  # fp32's, as no tolerance was given
     assert not (tmp_path / "out").exists()
+    # the settings' tolerances are the ones checked, and recorded
+    loose = CompileSettings(atol=1e3, rtol=0.5)
+    assert all(r.passed for r in compile_model(export_dir, tmp_path / "out", "planted", loose).parity)
+    assert model_folder.read(tmp_path / "out").fingerprint()["tolerance"] == {
+        "atol": 1e3,
+        "rtol": 0.5,
+        "int_mismatch": 0.0,
+    }
 
 
 def test_a_size_fixed_into_the_torchscript_fails_naming_the_shape_and_the_operations_own_message(tmp_path):

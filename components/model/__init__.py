@@ -7,6 +7,7 @@ model folder (config, golden samples, ensembles). Imports only the ground floor.
     trace_retarget  re-tracing a TorchScript module for another device or precision
     compile         the compile step: TorchScript or Torch-TensorRT, checked against eager
     parity          comparing outputs within a precision's tolerance
+    settings        what export and compile take: their settings types, with the defaults and bounds
     model_config    Triton's config.pbtxt: building, parsing, serving settings
     model_folder    a Triton model folder on disk: config, version, golden samples, checks
     ensemble        ensembles of Python steps and compiled models, as one release

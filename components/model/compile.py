@@ -36,18 +36,10 @@ from components.model import aoti, model_config, model_folder, trace_retarget
 from components.model.compile_errors import CompileError, ParityError, root_cause
 from components.model.export import ExportedModel, read_export
 from components.model.model_config import validate_model_name
-from components.model.parity import DEFAULT_TOLERANCES, OutputParity, Tolerance, compare, parity_table
+from components.model.parity import OutputParity, Tolerance, compare, parity_table
+from components.model.settings import CompileSettings
 from components.model.signature import FLOAT_DTYPES, POINTS, Signature
-from components.settings import (
-    DEFAULT_COMPILE_DEVICE,
-    DEFAULT_PRECISION,
-    DEFAULT_TARGET,
-    DEFAULT_TENSORRT_OPT_BATCH,
-    DEFAULT_TENSORRT_WORKSPACE_GB,
-    TARGETS,
-    Precision,
-    Target,
-)
+from components.settings import Precision
 
 LOG = log.get("compile")
 COMPILE_IMAGE_HINT = "run the compile step in the compile image (images/compile.Dockerfile, NGC pytorch:<YY.MM>-py3)"
@@ -144,10 +136,6 @@ def compile_torchscript(
     module: nn.Module, exported: ExportedModel, device: str, precision: Precision, path: Path
 ) -> None:
     signature = exported.signature
-    if precision != "fp32" and not device.startswith("cuda"):
-        raise CompileError(f"{precision} TorchScript needs a CUDA device; use --precision fp32 on the CPU.")
-    if precision == "bf16":
-        raise CompileError("bf16 is offered by the tensorrt target only; use fp16 or fp32 for torchscript.")
     example = tuple(torch.from_numpy(a[: min(2, len(a))]).to(device) for a in exported.golden_inputs.values())
     if not signature.batch:
         example = tuple(torch.from_numpy(a).to(device) for a in exported.golden_inputs.values())
@@ -262,22 +250,11 @@ class CompileResult:
     seconds: float
 
 
-def compile_model(
-    export_dir: Path,
-    out_dir: Path,
-    name: str,
-    target: Target = DEFAULT_TARGET,
-    precision: Precision = DEFAULT_PRECISION,
-    device: str = DEFAULT_COMPILE_DEVICE,
-    tolerance: Tolerance | None = None,
-    opt_batch: int = DEFAULT_TENSORRT_OPT_BATCH,
-    workspace_gb: float = DEFAULT_TENSORRT_WORKSPACE_GB,
-) -> CompileResult:
-    """The compile step: compile, check parity, write the Triton model folder. Nothing is written on failure."""
-    if target not in TARGETS:
-        raise CompileError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}.")
-    if precision not in DEFAULT_TOLERANCES:
-        raise CompileError(f"unknown precision {precision!r}; use one of {', '.join(DEFAULT_TOLERANCES)}.")
+def compile_model(export_dir: Path, out_dir: Path, name: str, settings: CompileSettings | None = None) -> CompileResult:
+    """The compile step, as `settings` say: compile, check parity (within the settings' tolerances, the
+    precision's where they give none), write the Triton model folder. Nothing is written on failure."""
+    settings = settings or CompileSettings()
+    target, precision, device = settings.target, settings.precision, settings.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise CompileError(
             f"--device {device} was asked for but no CUDA GPU is visible; use --device cpu or a GPU node."
@@ -286,7 +263,7 @@ def compile_model(
         raise CompileError(f"{out_dir} already exists and is not empty; choose a new output folder.")
     validate_model_name(name)
     exported = read_export(export_dir)
-    tol = tolerance or Tolerance.for_precision(precision)
+    tol = Tolerance.for_precision(precision, settings.atol, settings.rtol, settings.int_mismatch)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tritonship-compile-") as tmp:
         platform = model_config.AOTI_PLATFORM if target == "aoti" else model_config.PYTORCH_PLATFORM
@@ -299,10 +276,9 @@ def compile_model(
         elif target == "tensorrt":
             module = exported.module(device)
             index = torch.device(device).index or 0
-            settings = tensorrt_compile_settings(
-                exported.signature, precision, opt_batch, int(workspace_gb * 2**30), index
-            )
-            compile_tensorrt(module, exported, settings, compiled_path)
+            workspace = int(settings.workspace_gb * 2**30)
+            trt = tensorrt_compile_settings(exported.signature, precision, settings.opt_batch, workspace, index)
+            compile_tensorrt(module, exported, trt, compiled_path)
         else:
             module = exported.module(device, prefer_torchscript=True)
             compile_torchscript(module, exported, device, precision, compiled_path)

@@ -42,9 +42,9 @@ from components import log
 from components.model import trace_retarget
 from components.model.model_folder import load_checks, load_golden, save_checks, save_golden
 from components.model.model_source import IMAGE_ENV, ExportError, first_line, load_model, load_saved
+from components.model.settings import ExportSettings
 from components.model.signature import POINTS, Signature, SignatureError, check_tensor, dtype_name
 from components.s3 import S3Settings
-from components.settings import DEFAULT_EXPORT_METHOD, DEFAULT_GOLDEN_SAMPLES
 from components.settings import ExportMethod as Method
 
 LOG = log.get("export")
@@ -181,9 +181,7 @@ def check_shapes(signature: Signature) -> dict[str, dict[str, np.ndarray]]:
     return sets
 
 
-def export_model(
-    model: nn.Module, signature: Signature, out_dir: Path, method: Method = "auto"
-) -> tuple[str, str, str | None]:
+def export_model(model: nn.Module, signature: Signature, out_dir: Path, method: Method) -> tuple[str, str, str | None]:
     """Save the model; returns (method used, file name, reason torch.export was not used). After a
     torch.export, the eager module is also traced to model.ts for the TorchScript targets (see above)."""
     example = tuple(torch.from_numpy(a) for a in signature.example_inputs(2).values())
@@ -266,23 +264,25 @@ def export(
     model_source: str,
     signature_path: Path,
     out_dir: Path,
+    settings: ExportSettings | None = None,
     checkpoint: str | None = None,
     golden: Path | None = None,
-    samples: int = DEFAULT_GOLDEN_SAMPLES,
-    method: Method = DEFAULT_EXPORT_METHOD,
     s3: S3Settings | None = None,
 ) -> ExportResult:
-    """The export step. Writes `out_dir` only once everything is checked."""
+    """The export step: `settings` say how many golden samples to make (unless `golden` gives them) and by which
+    method. Writes `out_dir` only once everything is checked. The settings' model_packages are installed by the
+    caller, before (model_packages.py)."""
+    settings = settings or ExportSettings()
     signature = Signature.load(signature_path)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ExportError(f"{out_dir} already exists and is not empty; choose a new output folder.")
     model = load_model(model_source, checkpoint, s3)
     check_signature(model, signature)
-    inputs = golden_inputs(signature, samples, golden)
+    inputs = golden_inputs(signature, settings.golden_samples, golden)
     reference = reference_outputs(_fp32(model), signature, inputs)
     staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir.parent if out_dir.parent.exists() else None))
     try:
-        used, artifact, reason = export_model(model, signature, staging, method)
+        used, artifact, reason = export_model(model, signature, staging, settings.method)
         signature.save(staging / SIGNATURE_FILE)
         save_golden(staging / GOLDEN_FILE, inputs, reference)
         checks = {

@@ -8,22 +8,16 @@ from pathlib import Path
 
 from components.model.export import ExportResult, export
 from components.model.model_packages import install_model_packages
-from components.settings import ExportMethod
+from components.model.settings import ExportSettings
 
 
 def export_in_task(
-    model: str,
-    signature: str,
-    out_dir: Path,
-    checkpoint: str | None,
-    samples: int,
-    method: ExportMethod,
-    packages: str,
+    model: str, signature: str, out_dir: Path, settings: ExportSettings, checkpoint: str | None
 ) -> ExportResult:
-    """`export` of `model` (a factory, or a saved model file) against the `signature` text, after installing
-    `packages` (model_packages)."""
-    install_model_packages(packages)
+    """`export` of `model` (a factory, or a saved model file) against the `signature` text, as `settings` say,
+    after installing their model_packages (model_packages)."""
+    install_model_packages(settings.model_packages)
     with tempfile.TemporaryDirectory(prefix="tritonship-signature-") as tmp:
         signature_path = Path(tmp) / "signature.yaml"
         signature_path.write_text(signature)
-        return export(model, signature_path, out_dir, checkpoint=checkpoint, samples=samples, method=method)
+        return export(model, signature_path, out_dir, settings, checkpoint=checkpoint)

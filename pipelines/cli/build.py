@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from components.release.step_settings import CompileSettings, ExportSettings, PublishSettings
+from components.model.settings import CompileSettings, ExportSettings
+from components.release.publish import PublishSettings
 from pipelines.cli.common import (
     EndpointOption,
     RepositoryOption,
@@ -40,9 +41,7 @@ def export_cmd(
     if chosen.model_packages.strip():
         with console.status(f"installing {chosen.model_packages}"):
             install_model_packages(chosen.model_packages)
-    result = export(
-        model, signature, out, checkpoint=checkpoint, golden=golden, samples=chosen.golden_samples, method=chosen.method
-    )
+    result = export(model, signature, out, chosen, checkpoint=checkpoint, golden=golden)
     out_console_line(f"exported with {result.method} to {result.out_dir / result.artifact}")
     if result.fallback_reason:
         out_console_line(f"  (fell back: {result.fallback_reason})")
@@ -61,7 +60,7 @@ def compile_cmd(
     from components.model.compile import compile_model, parity_table
 
     with console.status(f"compiling for {chosen.target} ({chosen.precision}, {chosen.device})"):
-        result = compile_model(export_dir, out, name, **chosen.step_arguments())
+        result = compile_model(export_dir, out, name, chosen)
     out_console_line(parity_table(result.parity))
     out_console_line(
         f"compiled {chosen.target}/{chosen.precision} on {result.device} in {result.seconds:.1f} s -> {result.out_dir}"

@@ -11,29 +11,25 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from components.model.parity import Tolerance
 from pipelines.samples import bert4rec
 from pipelines.samples.bert4rec import DEMO, HERE, TOP_K, USERS, Size, histories
 
 if TYPE_CHECKING:
     from components.model.ensemble import CompiledStep, Step
-    from components.settings import Target
+    from components.model.settings import CompileSettings
 
 
 def compiled_folder(
     factory: str,
     signature: dict,
     out: Path,
-    device: str = "cpu",
-    precision: str = "fp32",
-    tolerance: Tolerance | None = None,
+    settings: CompileSettings | None = None,
     golden: dict[str, np.ndarray] | None = None,
-    target: Target = "torchscript",
     checkpoint: Path | None = None,
 ) -> Path:
-    """The sample's `factory` (or any "module:function") through the export and compile steps (TorchScript
-    for Triton's PyTorch backend, or another `target`, on `device` at `precision`, checked at `tolerance`),
-    with the weights of a `checkpoint` (a state_dict) when one is given: the model folder `out`, named as it."""
+    """The sample's `factory` (or any "module:function") through the export and compile steps (compiled as
+    `settings` say, the defaults' TorchScript for Triton's PyTorch backend unless they say otherwise), with the
+    weights of a `checkpoint` (a state_dict) when one is given: the model folder `out`, named as it."""
     from components.model.compile import compile_model
     from components.model.export import export
 
@@ -49,7 +45,7 @@ def compiled_folder(
             golden=work / "golden.npz" if golden is not None else None,
             checkpoint=str(checkpoint) if checkpoint is not None else None,
         )
-        compile_model(work / "export", out, out.name, target, precision, device, tolerance)
+        compile_model(work / "export", out, out.name, settings)
     return out
 
 
@@ -92,16 +88,12 @@ def build_bundle(
     out: Path,
     factory: str = "bert4rec_v1",
     name: str = "bert4rec",
-    device: str = "cpu",
-    precision: str = "fp32",
-    tolerance: Tolerance | None = None,
+    settings: CompileSettings | None = None,
     compiled_steps: bool = False,
-    target: Target = "torchscript",
 ) -> Path:
-    """Export (default method) and compile the model (TorchScript for Triton's PyTorch backend, or another
-    `target`; on `device` at `precision`, checked at `tolerance`, else the precision's), then assemble the
-    release bundle with the pre- and postprocessing steps (Python, or `compiled_steps`: TorchScript). The size is
-    the factory's model's."""
+    """Export (default method) and compile the model (as `settings` say), then assemble the release bundle with
+    the pre- and postprocessing steps (Python, or `compiled_steps`: TorchScript). The size is the factory's
+    model's."""
     from components.model.ensemble import assemble
     from components.model.signature import Signature
 
@@ -109,9 +101,7 @@ def build_bundle(
     size, signatures = eager.size, eager.size.signatures()
     with tempfile.TemporaryDirectory(prefix="tritonship-bert4rec-") as tmp:
         work = Path(tmp)
-        model = compiled_folder(
-            factory, signatures["model"], work / f"{name}_model", device, precision, tolerance, target=target
-        )
+        model = compiled_folder(factory, signatures["model"], work / f"{name}_model", settings)
         assemble(
             out,
             name,
@@ -127,14 +117,11 @@ def build_bundle(
 def build_folded(
     out: Path,
     factory: str = "folded_v1",
-    device: str = "cpu",
-    precision: str = "fp32",
-    tolerance: Tolerance | None = None,
-    target: Target = "torchscript",
+    settings: CompileSettings | None = None,
 ) -> Path:
-    """The model with its steps folded in (`WithCatalogue`) through the export and compile steps (to `target`)
-    as one model folder `out` (named as it), its golden samples real histories; the size is the factory's
+    """The model with its steps folded in (`WithCatalogue`) through the export and compile steps (as `settings`
+    say) as one model folder `out` (named as it), its golden samples real histories; the size is the factory's
     model's."""
     size = getattr(bert4rec, factory)().model.size
     golden = {"history": histories(16, seed=7, size=size)}
-    return compiled_folder(factory, size.signatures()["folded"], out, device, precision, tolerance, golden, target)
+    return compiled_folder(factory, size.signatures()["folded"], out, settings, golden)
