@@ -97,7 +97,11 @@ def _metrics(run) -> dict:
 @pytest.mark.slow
 def test_pipeline_runs_locally_for_a_passing_and_a_failing_candidate(tmp_path, stack):
     name = unique("pipe")
-    base = demo_parameters(stack, "pipelines.sample_models:sample_v1", SAMPLE_SIGNATURE, name) | {"tune_budget": 3}
+    # short windows: the tasks' machinery is the subject here, not the gate's statistics (tests/test_gate*.py)
+    base = demo_parameters(stack, "pipelines.sample_models:sample_v1", SAMPLE_SIGNATURE, name) | {
+        "tune_budget": 3,
+        "window_ms": 250,
+    }
     first = run_local(base, tmp_path / "runs", env=stack.s3.env())
     assert first.version == 1 and first.verdict["verdict"] == "pass" and first.promoted
     assert _metrics(first)["passed"] == 1.0 and _metrics(first)["candidate_p99_ms"] > 0
