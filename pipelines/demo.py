@@ -177,8 +177,9 @@ def story_differences(
     for (label, _source, _weights, expected, _decider), run in zip(RELEASES, runs, strict=True):
         outcome = outcome_of(run)
         if outcome != expected:
-            reasons = "; ".join((run.verdict or {}).get("reasons", [])) or "no verdict"
-            problems.append(f"{label} was {outcome}, expected {expected} ({reasons})")
+            # a promotion's outcome is the canary's to explain, a verdict's the gate's
+            said = canary_line(run) if run.promotion else "; ".join((run.verdict or {}).get("reasons", []))
+            problems.append(f"{label} was {outcome}, expected {expected} ({said or 'no verdict'})")
     v2 = runs[1].version if len(runs) > 1 else None
     if served != [v2] * len(served):
         problems.append(f"production answered with version(s) {served}, expected v{v2} on every replica")

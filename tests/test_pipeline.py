@@ -273,3 +273,23 @@ def test_a_tasks_image_given_as_a_parameter_is_read_from_its_own_inputs():
     inputs["inputs"]["parameterValues"]["pipelinechannel--model_image"] = ""
     with pytest.raises(ContainerRunError, match="the parameter pipelinechannel--model_image, which is empty"):
         resolved_image(placeholder, ["--executor_input", json.dumps(inputs)])
+
+
+def test_a_release_the_demo_did_not_expect_is_explained_by_what_decided_it():
+    """A promotion the canary reverted is explained by the canary, not by the gate's figures it passed."""
+    from components.release.promote.records import CanaryResult, PromoteResult
+    from pipelines.demo import story_differences
+
+    canary = CanaryResult("m", 2, 1, "inconclusive", ["still undecided: mean latency +40% [-5, +85] (limit +75%)"])
+    reverted = PromoteResult("m", 2, 1, ["prod-0"], promoted=False, reverted=True, canary=canary).to_json()
+    gate = {"verdict": "pass", "reasons": ["p99 +2.4% [-4.0, +9.3] (limit +10%): within"]}
+    run = LocalRun(
+        Path("run"),
+        outputs={
+            "gate-op": {"parameterValues": {"verdict_json": json.dumps(gate)}},
+            "promote-op": {"parameterValues": {"promote_json": reverted, "promoted": False}},
+        },
+    )
+    [problem] = [p for p in story_differences([run] * 5, served=[None]) if p.startswith("v2")]
+    assert "v2: retrained was reverted, expected promoted (canary inconclusive" in problem, problem
+    assert "mean latency +40%" in problem and "p99 +2.4%" not in problem
