@@ -143,7 +143,7 @@ def test_an_aoti_folder_is_served_like_eager_then_tuned_gated_and_promoted(key, 
     if not released:
         return
 
-    two_in_flight = TuneSettings(budget=3, load=dataclasses.replace(TuneSettings().load, concurrency=2))
+    two_in_flight = TuneSettings(budget=3, load=dataclasses.replace(ABSOLUTE_GATE.load, concurrency=2))
     on_gate = RunContext(
         repository(stack), published.model, published.version, Replica("gate", stack.gate.http_url), stack.s3
     )

@@ -38,7 +38,7 @@ CUDA_FORMS = [pytest.param("cuda", steps, marks=pytest.mark.gpu) for steps in ("
 # Measured against the stable ensemble (loaded with its members on the gate) on wide limits: these tests are
 # about releasing an ensemble as one; the gate's statistics are measured by benchmarks/gate_quality.py.
 THROUGH_THE_STABLE = dataclasses.replace(
-    TEST_GATE, thresholds=Thresholds(max_p99_regression_pct=50, max_throughput_regression_pct=50)
+    ABSOLUTE_GATE, thresholds=Thresholds(max_p99_regression_pct=50, max_throughput_regression_pct=50)
 )
 # Short rounds and a far-off limit, as tests/test_canary.py's (which says why): the canary's machinery on an ensemble.
 QUICK_CANARY = CanarySettings(round_s=1.0, max_bake_s=20.0, min_requests=20, max_latency_regression_pct=300.0)
@@ -253,7 +253,7 @@ def test_bert4rec_ensemble_is_staged_tuned_gated_and_promoted(device, steps, tmp
 
     tuning = tune(
         RunContext(repo_uri, name, version, Replica("gate", stack.gate.http_url), stack.s3, "b4r"),
-        TuneSettings(budget=3, instance_counts=(1, 2)),
+        TuneSettings(budget=3, instance_counts=(1, 2), load=ABSOLUTE_GATE.load),  # at the gate's load, as in a run
     )
     assert tuning.enabled and len(tuning.trials) >= 3 and all(t.measured for t in tuning.trials), tuning.trials
     members = [f"{name}_pre", f"{name}_model", f"{name}_post"]

@@ -169,6 +169,7 @@ def test_example_training_pipeline_releases_what_it_trained(tmp_path, stack, mon
         gate=stack.gate.http_url,
         eval_data=f"s3://{stack.bucket}/eval/sessions.npz",
         model_name=name,
+        window_ms=250,  # the tasks' machinery is the subject here, not the gate's statistics
     )
     run = LocalRun.read(next((tmp_path / "runs").iterdir()))
     assert run.artifact("train-op", "metrics")["metadata"]["hit_rate_at_10"] > 0.3  # trained: chance is 0.02

@@ -158,6 +158,7 @@ def test_the_training_example_trains_and_exports_in_the_users_image(tmp_path, st
             "quality_spec": "",
             "model_image": user_image,
             "model_name": name,
+            "window_ms": 250,
         },
         tmp_path / "runs",
         env=stack.env(),

@@ -16,7 +16,7 @@ runner:
 from kfp import dsl
 from kfp.dsl import Metrics, Model, Output
 
-from components.settings import TOOLS_IMAGE
+from components.settings import DEFAULT_WINDOW_MS, TOOLS_IMAGE
 from pipelines.kfp_components import settings_op, step
 from pipelines.kfp_model_components import compile_op, export_trained_op
 from pipelines.pipeline import release_steps, steps_settings
@@ -52,6 +52,7 @@ def train_and_release(
     aws_secret_name: str = "tritonship-s3",
     admin_secret_name: str = "tritonship-triton-admin",
     max_p99_ms: float = 50.0,
+    window_ms: int = DEFAULT_WINDOW_MS,  # the gate's measured window: shorter decides a small model sooner
 ):
     # every other setting at the pipeline's default; compiled on this machine's CPU, not tuned
     checked = settings_op(
@@ -61,6 +62,7 @@ def train_and_release(
             "compile_device": "cpu",
             "tune": False,
             "max_p99_ms": max_p99_ms,
+            "window_ms": window_ms,
             "eval_data": eval_data,
             "model_image": model_image,
         },
