@@ -193,13 +193,15 @@ def _deciders(run: LocalRun) -> set[str]:
     return failed | ({"quality"} if (verdict.get("quality") or {}).get("decision") == "fail" else set())
 
 
-def trained_checkpoint(label: str, seed: int, corrupted: bool, workdir: Path) -> tuple[Path, float, float]:
-    """One of the releases' models trained and saved (in the training process): its file, the seconds it took and
-    its hit rate@10 on held-out sessions."""
+def trained_checkpoint(
+    label: str, seed: int, corrupted: bool, workdir: Path, steps: int | None = None
+) -> tuple[Path, float, float]:
+    """One of the releases' models trained and saved (in the training process), for `steps` batches (None: the
+    training's own number): its file, the seconds it took and its hit rate@10 on held-out sessions."""
     from pipelines.samples.bert4rec import training
 
     took = time.monotonic()
-    model = training.train(seed, corrupted=corrupted)
+    model = training.train(seed, steps or training.DEFAULT_STEPS, corrupted)
     training.save_checkpoint(model, workdir / f"{label}.pt")
     hit_rate = training.hit_rate_at_10(model, training.eval_set(1000, seed=7))
     return workdir / f"{label}.pt", time.monotonic() - took, hit_rate
