@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -56,7 +57,10 @@ def test_equal_candidate_passes_is_promoted_with_zero_failed_requests_and_surviv
     repo = ModelRepository(repository(stack), stack.s3)
 
     with LiveTraffic([s.http_url for s in stack.replicas], name, X, ["y"]) as client:
-        version, staged, verdict = stage_and_gate(stack, _folder(tmp_path, name, "v2"), out=tmp_path / "gate")
+        # the product's limits, beside live clients on two shared cores: at the default 120 s budget a CI run here
+        # ended inconclusive (throughput -2.6% [-11.7, +7.4]), the busy-node noise issue 61's gate work is about
+        patient = dataclasses.replace(TEST_GATE, budget_s=300)
+        version, staged, verdict = stage_and_gate(stack, _folder(tmp_path, name, "v2"), patient, tmp_path / "gate")
         assert staged.accuracy_passed and verdict.verdict == "pass", verdict.reasons
         promotion_started = time.monotonic()
         context = RunContext(repository(stack), name, version, stack.gate.replica, stack.s3)

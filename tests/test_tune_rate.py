@@ -152,7 +152,7 @@ def test_tune_at_a_request_rate_measures_every_setting_at_that_rate(stack, tmp_p
     (tmp_path / "v1").mkdir()
     version = publish(RunContext(repository(stack), "", s3=stack.s3), folder=mlp_folder(tmp_path / "v1", name)).version
     stage(RunContext(repository(stack), name, version, stack.gate.replica, stack.s3))
-    settings = TuneSettings.from_flat(request_rate=150, window_ms=1000, instance_counts="1,2", budget=3)
+    settings = TuneSettings.from_flat(request_rate=150, window_ms=500, instance_counts="1,2", budget=3)
     on_gate = RunContext(repository(stack), name, version, Replica("gate", stack.gate.http_url), stack.s3)  # no metrics
     result = tune(on_gate, settings)
     assert result.request_rate == 150 and result.trials

@@ -2,7 +2,8 @@
 tree and never installed in the project's images), released with every pipeline task in its image (KFP's
 DockerRunner through podman) in the three ways docs/guide.md gives: the export task in the user's image
 (`images build --model-package`, `model_image`), the training example's (trained and exported in the user's image),
-and `model_packages` (a wheel in S3). Given none of them, the run stops at export with one sentence."""
+and `model_packages` (a wheel in S3: the export task alone). Given none of them, the run stops at export with
+one sentence."""
 
 from __future__ import annotations
 
@@ -174,6 +175,15 @@ def test_the_training_example_trains_and_exports_in_the_users_image(tmp_path, st
 
 
 def test_model_packages_installs_a_wheel_from_s3_into_the_export_task(tmp_path, stack, package):
+    """The wheel is the subject: the export task alone runs (in the project's image, as the pipeline runs it), and
+    its reference outputs are the user's eager model's. What follows export is the same for any model (the tests
+    above release one from the user's image to every replica)."""
+    from kfp import dsl
+
+    from components.model.model_folder import load_golden
+    from components.model.settings import ExportSettings
+    from pipelines.kfp_model_components import export_op
+
     wheels = tmp_path / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(package)],
@@ -182,14 +192,28 @@ def test_model_packages_installs_a_wheel_from_s3_into_the_export_task(tmp_path, 
     )
     [wheel] = wheels.glob("acme_ranker-0.3.0-*.whl")
     stack.s3.client().upload_file(str(wheel), stack.bucket, f"wheels/{wheel.name}")
-    name = unique("acme-wheel")
+
+    def export_only(model_source, signature, settings):
+        export_op(model_source=model_source, checkpoint="", signature=signature, settings=settings)
+
+    export_only.__annotations__ = {"model_source": str, "signature": str, "settings": dict}  # not postponed strings
+
+    chosen = ExportSettings(model_packages=f"s3://{stack.bucket}/wheels/{wheel.name}")
+    given = parameters(stack, "unused")
     run = run_local(
-        parameters(stack, name, model_packages=f"s3://{stack.bucket}/wheels/{wheel.name}"),
+        {"model_source": given["model_source"], "signature": given["signature"], "settings": chosen.to_dict()},
         tmp_path / "runs",
         env=stack.env(),
         runner="docker",
+        pipeline=dsl.pipeline(name="export-only")(export_only),
     )
-    assert run.promoted, run.verdict
-    exported = json.loads((Path(run.artifact("export-op", "exported")["uri"]) / "export.json").read_text())
+    folder = Path(run.artifact("export-op", "exported")["uri"])
+    exported = json.loads((folder / "export.json").read_text())
     assert exported["image"] == TOOLS  # the project's image, with the wheel installed for the task alone
-    assert_every_replica_answers_as_eager(stack, name)
+    inputs, outputs = load_golden(folder / "golden.npz")
+    from acme_ranker.model import build
+
+    with torch.no_grad():
+        expected = build().eval()(*(torch.from_numpy(inputs[k]) for k in ("ids", "dense")))
+    np.testing.assert_allclose(outputs["probabilities"], expected[0].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(outputs["label"], expected[1].numpy())
