@@ -92,7 +92,9 @@ def test_calibrate_measures_the_stable_version_against_itself_and_records_it(tmp
     assert "the p99 limit of 10% is decided" in shown.output and "recorded in s3://" in shown.output
     record = ModelRepository(repository(stack), stack.s3).calibration(stack.gate.http_url, name)
     assert record["rounds"] == 5 and record["p99_log_sd"] > 0 and record["throughput_log_sd"] > 0
-    assert set(record["decidable_pct"]) == {"p99", "throughput"} and record["round_seconds"] > 1
+    assert (
+        set(record["decidable_pct"]) == {"p99", "throughput"} and record["round_seconds"] >= 0.75
+    )  # 3 windows of 250 ms
     from components.serving.triton_admin import TritonAdmin
 
     # the pipeline's option: its calibrate task measures every gate server named, before the candidate is staged
